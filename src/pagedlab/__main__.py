@@ -1,0 +1,3 @@
+from pagedlab.cli import main
+
+main()

@@ -1,0 +1,79 @@
+"""Foundation: the contract between the model and an attention backend.
+
+Builds on: nothing.
+Read with: chapters/00-overview.md.
+
+The model never knows which stage it runs in. Each decoder layer computes q, k
+and v for the step's tokens and hands them to a backend together with explicit
+metadata that the runner built for this step (no module globals). What the
+backend does with them is the whole difference between stages: recompute
+everything (the oracle), keep a contiguous cache (stage 1), a paged cache
+(stages 2-5) or run Triton kernels over it (stage 6).
+
+Shapes (defined once here and used in every backend):
+    T   = tokens in this step, all requests flattened together
+    H   = query heads, KVH = key/value heads, D = head_dim
+    q: [T, H, D]   k, v: [T, KVH, D]   -> out: [T, H, D]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class AttentionBackend(Protocol):
+    """Anything with this `forward` can serve the model's attention."""
+
+    name: str  # what `llm.engine.attention_backend` reports
+
+    def forward(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any
+    ) -> torch.Tensor: ...
+
+
+def repeat_kv(x: torch.Tensor, num_queries_per_kv: int) -> torch.Tensor:
+    """[..., KVH, D] -> [..., H, D]: each KV head serves `num_queries_per_kv` query heads (GQA)."""
+    if num_queries_per_kv == 1:
+        return x
+    return x.repeat_interleave(num_queries_per_kv, dim=-2)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of the last `Tq` positions of a sequence over all `Tk` of its keys.
+
+    q: [Tq, H, D], k/v: [Tk, H, D] with Tk >= Tq; query i sits at position Tk - Tq + i
+    and sees keys 0 .. Tk - Tq + i. Computed in float32 for every dtype.
+    """
+    tq, tk = q.shape[0], k.shape[0]
+    qh, kh, vh = q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1)  # [H, T*, D]
+    scores = torch.matmul(qh, kh.transpose(1, 2)) * scale  # [H, Tq, Tk]
+    q_pos = torch.arange(tk - tq, tk, device=q.device)[:, None]
+    k_pos = torch.arange(tk, device=q.device)[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, vh).transpose(0, 1).to(q.dtype)  # [H, Tq, D] -> [Tq, H, D]
+
+
+class NoCacheAttention:
+    """The oracle's backend: every call sees whole sequences, so nothing is cached.
+
+    metadata: `query_start_loc`, a list [0, len0, len0+len1, ...] cutting the
+    flattened tokens into sequences; each sequence attends causally to itself.
+    """
+
+    name = "no-cache"
+
+    def __init__(self, num_queries_per_kv: int, head_dim: int):
+        self.num_queries_per_kv = num_queries_per_kv
+        self.scale = head_dim**-0.5
+
+    def forward(self, layer_idx, q, k, v, metadata):
+        out = torch.empty_like(q)
+        bounds = metadata.query_start_loc
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            kk = repeat_kv(k[start:end], self.num_queries_per_kv)  # [len, H, D]
+            vv = repeat_kv(v[start:end], self.num_queries_per_kv)
+            out[start:end] = causal_attention(q[start:end], kk, vv, self.scale)
+        return out

@@ -1,0 +1,1 @@
+"""The model: config, decoder, loader, tokenizer (shared by every stage)."""

@@ -1,0 +1,145 @@
+"""Foundation: load a Hugging Face-format folder (config.json + *.safetensors [+ tokenizer.json]).
+
+Builds on: model/config.py, model/llama.py, model/tokenizer.py.
+Read with: chapters/00-overview.md.
+
+The bundled `tiny-shakespeare` model is such a folder shipped as package
+data, so it takes exactly the path any downloaded checkpoint takes. Weights are
+read with safetensors only: `torch.load` unpickles, and unpickling an
+untrusted file runs its code. Every way a folder can be wrong (missing file,
+missing or misshapen tensor, unknown tensor) is a ValueError naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from pagedlab.model.config import ModelConfig
+from pagedlab.model.llama import CausalLM
+from pagedlab.model.tokenizer import Tokenizer
+
+BUNDLED_MODEL = "tiny-shakespeare"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class LoadedModel:
+    """What `load_model` returns: the module, its config and (when the folder has one) its tokenizer."""
+
+    model: CausalLM  # in eval mode, on the requested device and dtype
+    config: ModelConfig  # parsed config.json
+    tokenizer: Tokenizer | None  # None: only token-id prompts work
+    path: Path  # the folder it came from
+
+
+def bundled_model_path() -> Path:
+    return Path(str(resources.files("pagedlab") / "data" / BUNDLED_MODEL))
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    if str(model) == BUNDLED_MODEL:
+        return bundled_model_path()
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(f"model: {model!r} is neither {BUNDLED_MODEL!r} nor a folder")
+    return path
+
+
+def load_model(
+    model: str | Path = BUNDLED_MODEL, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> LoadedModel:
+    path = resolve_model_path(model)
+    cfg = ModelConfig.from_file(path / "config.json")
+    cfg = _with_generation_eos(cfg, path)
+    module = CausalLM(cfg)
+    # strict=False: a tied LM head has no tensor of its own; names were checked by _read_weights
+    module.load_state_dict(_read_weights(path, module), strict=False)
+    module = module.to(device=device, dtype=dtype).eval()
+    module.requires_grad_(False)
+    tok_file = path / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(tok_file) if tok_file.exists() else None
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+        raise ValueError(
+            f"{tok_file}: {tokenizer.vocab_size} tokens but config.json field 'vocab_size' is {cfg.vocab_size}"
+        )
+    return LoadedModel(module, cfg, tokenizer, path)
+
+
+def _read_weights(path: Path, module: CausalLM) -> dict[str, torch.Tensor]:
+    """Read every expected tensor from the folder's safetensors files, checking names and shapes."""
+    expected = {k: v.shape for k, v in module.state_dict().items()}
+    if module.config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    weights: dict[str, torch.Tensor] = {}
+    for file, names in _weight_files(path).items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names if names is not None else f.keys():
+                if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in expected):
+                    continue
+                if name not in expected:
+                    raise ValueError(f"{file.name}: unexpected tensor '{name}' for {module.config.architecture}")
+                if name not in f.keys():
+                    raise ValueError(f"{file.name}: tensor '{name}' listed in the index is missing")
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(expected[name]):
+                    raise ValueError(
+                        f"{file.name}: tensor '{name}' has shape {tuple(tensor.shape)}, "
+                        f"config.json implies {tuple(expected[name])}"
+                    )
+                weights[name] = tensor
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise ValueError(
+            f"{path}: tensor '{missing[0]}' is missing from the safetensors files ({len(missing)} missing)"
+        )
+    return weights
+
+
+def _weight_files(path: Path) -> dict[Path, list[str] | None]:
+    """{file: tensor names to read (None = all)}, from model.safetensors or a sharded index."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{index}: field 'weight_map' is missing or not valid JSON") from None
+        files: dict[Path, list[str] | None] = {}
+        for name, shard in weight_map.items():
+            files.setdefault(path / shard, []).append(name)
+        for shard in files:
+            if not shard.exists():
+                raise ValueError(f"{index}: shard '{shard.name}' named in 'weight_map' is missing")
+        return files
+    single = path / "model.safetensors"
+    if single.exists():
+        return {single: None}
+    found = sorted(p.name for p in path.glob("*.safetensors"))
+    if len(found) == 1:
+        return {path / found[0]: None}
+    if found:
+        raise ValueError(f"{path}: several safetensors files but no model.safetensors.index.json")
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+        raise ValueError(f"{path}: only pickle checkpoints (*.bin/*.pt) found; pagedlab reads safetensors only")
+    raise ValueError(f"{path}: model.safetensors is missing")
+
+
+def _with_generation_eos(cfg: ModelConfig, path: Path) -> ModelConfig:
+    """generation_config.json may list more EOS ids than config.json (Llama 3 does)."""
+    gen = path / "generation_config.json"
+    if not gen.exists():
+        return cfg
+    try:
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{gen}: not valid JSON ({e})") from None
+    extra = (eos,) if isinstance(eos, int) else tuple(eos or ())
+    merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
+    return dataclasses.replace(cfg, eos_token_ids=merged)

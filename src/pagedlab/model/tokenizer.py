@@ -1,0 +1,61 @@
+"""Foundation: text <-> token ids through the `tokenizers` library.
+
+Builds on: nothing.
+Read with: chapters/00-overview.md.
+
+A thin wrapper over `tokenizer.json`. Whether a string prompt gets `<bos>` is the
+tokenizer file's own decision (its post-processor), as with any Hugging Face
+model: the bundled character-level tokenizer adds it, Llama 3's adds
+`<|begin_of_text|>`, Qwen's adds nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, processors
+
+
+class Tokenizer:
+    """Encodes prompts and decodes outputs; special tokens are left out of decoded text."""
+
+    def __init__(self, hf: _HFTokenizer):
+        self._hf = hf
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        try:
+            return cls(_HFTokenizer.from_file(str(path)))
+        except Exception as e:  # the library raises a bare Exception on malformed files
+            raise ValueError(f"{path}: not a readable tokenizer file ({e})") from None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._hf.encode(text).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._hf.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._hf.token_to_id(token)
+
+    def save(self, path: str | Path) -> None:
+        self._hf.save(str(path))
+
+
+def build_char_tokenizer(chars: list[str], bos: str = "<bos>", eos: str = "<eos>", unk: str = "<unk>") -> Tokenizer:
+    """A character-level tokenizer: ids 0-2 are <bos>, <eos>, <unk>, then one id per character.
+
+    A BPE model with no merges splits text into single characters; `Fuse`
+    joins them back without spaces; the template prepends <bos> to every prompt.
+    """
+    vocab = {bos: 0, eos: 1, unk: 2} | {c: i + 3 for i, c in enumerate(chars)}
+    hf = _HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=unk))
+    hf.add_special_tokens([bos, eos, unk])
+    hf.decoder = decoders.Fuse()
+    hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 0)])
+    return Tokenizer(hf)
