@@ -11,7 +11,7 @@ def test_generate_prints_the_prompt_and_its_continuation(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "--- 'ROMEO:' (8 tokens, length" in out
-    assert "\nROMEO:\nWhat sha" in out
+    assert "\nROMEO:\nWhat sh\n" in out
 
 
 def test_bad_model_folder_is_a_clear_error(tmp_path):
