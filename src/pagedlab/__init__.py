@@ -3,6 +3,9 @@
 Start with `pagedlab demo` (the CLI) or `from pagedlab import LLM, SamplingParams`.
 """
 
+from pagedlab.config import EngineConfig
+from pagedlab.engine import LLMEngine
+from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL, LoadedModel, load_model
 from pagedlab.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, RequestOutput
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
@@ -13,6 +16,9 @@ __all__ = [
     "BeamSearchParams",
     "BeamSearchSequence",
     "CompletionOutput",
+    "EngineConfig",
+    "LLM",
+    "LLMEngine",
     "LoadedModel",
     "RequestOutput",
     "SamplingParams",

@@ -1,0 +1,37 @@
+"""Stage 1: the per-step attention metadata the runner builds for a cached backend.
+
+Builds on: nothing.
+Read with: chapters/01-contiguous-static.md.
+
+Shapes: B requests in the step, T new tokens in all, MB = max blocks per request.
+
+    request:          A (decode)   B (prefill of 3)
+    query_start_loc:  [0, 1, 4]                  new tokens of request b are q[qsl[b] : qsl[b+1]]
+    seq_lens:         [9, 3]                     context after this step (cached + new)
+    slot_mapping:     [s_A8, s_B0, s_B1, s_B2]   where each new token's K/V is written
+    block_table:      [[...A's blocks...], [...B's blocks...]]   int32 [B, MB]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything a cached attention backend needs for one step; built once per step by the runner."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int64, on device
+    query_start_loc_cpu: list[int]  # the same, for Python-side loops over prefills
+    seq_lens: torch.Tensor  # [B] int64, context length of each request after this step
+    seq_lens_cpu: list[int]  # the same, on the CPU
+    slot_mapping: torch.Tensor  # [T] int64, cache slot of each new token
+    block_table: torch.Tensor  # [B, MB] int32, logical -> physical blocks
+    max_seq_len: int  # max(seq_lens)
+    block_size: int  # tokens per block
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)

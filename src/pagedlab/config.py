@@ -1,0 +1,133 @@
+"""Stage 1: `EngineConfig`, every knob of the engine, and which stage introduces which knob.
+
+Builds on: nothing.
+Read with: chapters/01-contiguous-static.md.
+
+A stage is chosen by name ("paged"), number (2) or numeric string ("2").
+Setting a field that the chosen stage does not use is a ValueError that says
+which stage introduces it: a reader who sets `preemption_mode` on stage 2 has
+misunderstood something, and silence would hide it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+STAGE_NAMES = {1: "contiguous", 2: "paged", 3: "cow", 4: "prefix", 5: "continuous", 6: "kernel"}
+
+# field -> the first stage that uses it
+FIELD_STAGE = {
+    "enable_prefix_caching": 4,
+    "long_prefill_token_threshold": 5,
+    "preemption_mode": 5,
+    "num_swap_blocks": 5,
+    "scheduling_policy": 5,
+}
+DTYPES = ("float32", "float16", "bfloat16")
+KV_MEMORY_BUDGET_BYTES = 512 * 2**20  # default KV pool size cap on any device
+
+
+def parse_stage(stage: int | str) -> int:
+    """'paged', 2 and '2' all mean stage 2."""
+    if isinstance(stage, str) and stage.isdigit():
+        stage = int(stage)
+    if isinstance(stage, int) and not isinstance(stage, bool) and stage in STAGE_NAMES:
+        return stage
+    by_name = {name: number for number, name in STAGE_NAMES.items()}
+    if isinstance(stage, str) and stage in by_name:
+        return by_name[stage]
+    choices = ", ".join(f"{n} ({name})" for n, name in STAGE_NAMES.items())
+    raise ValueError(f"stage: unknown stage {stage!r}; choose one of {choices}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine setting. Build it with `EngineConfig.create`, which fills model-dependent defaults."""
+
+    stage: int  # 1 .. 6
+    block_size: int = 16  # tokens per KV block
+    num_kv_blocks: int = 0  # KV pool capacity in blocks of block_size tokens (0 = size it for the model)
+    max_model_len: int = 0  # prompt + output tokens at most (0 = min(model's max positions, 2048))
+    max_num_seqs: int = 32  # requests running at once at most
+    max_num_batched_tokens: int = 0  # tokens per step at most (0 = max(2048, max_model_len))
+    long_prefill_token_threshold: int = 0  # stage 5: cap on one request's prefill chunk; 0 = no cap (as vLLM)
+    enable_prefix_caching: bool = False  # stage 4+: reuse cached full blocks (on by default there)
+    preemption_mode: str = "recompute"  # stage 5: "recompute" | "swap"
+    num_swap_blocks: int = 0  # stage 5: CPU swap pool size in blocks
+    scheduling_policy: str = "fcfs"  # stage 5: "fcfs" | "priority"
+    attention_backend: str = "torch"  # "torch" | "triton" (stage 6)
+    device: str = "cpu"  # torch device of the model and the KV cache
+    dtype: str = "float32"  # model and KV cache dtype
+    seed: int = 0  # seeds sampling for requests without a seed of their own
+    record_trace: bool = False  # keep a per-step trace (who ran, tokens, KV held/used) for plots
+    debug_checks: bool = False  # check every invariant after every step (slow; for tests)
+
+    @property
+    def stage_name(self) -> str:
+        return STAGE_NAMES[self.stage]
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+    @classmethod
+    def create(cls, stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:
+        """Validate user overrides against the stage and fill the defaults that depend on the model."""
+        number = parse_stage(stage)
+        known = {f.name for f in fields(cls)} - {"stage"}
+        for name, value in overrides.items():
+            if name not in known:
+                raise ValueError(f"{name}: not an engine setting (known: {', '.join(sorted(known))})")
+            if value is not None and FIELD_STAGE.get(name, 1) > number:
+                first = FIELD_STAGE[name]
+                raise ValueError(
+                    f"{name}: stage {number} ({STAGE_NAMES[number]}) does not use it; "
+                    f"it is introduced by stage {first} ({STAGE_NAMES[first]})"
+                )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        given.setdefault("enable_prefix_caching", number >= 4)
+        cfg = cls(stage=number, **given)
+        return cfg._with_defaults(model_max_len, kv_bytes_per_token)
+
+    def _with_defaults(self, model_max_len: int, kv_bytes_per_token: int) -> EngineConfig:
+        _check_positive(self, "block_size", "max_num_seqs")
+        max_len = self.max_model_len or min(model_max_len, 2048)
+        if max_len > model_max_len:
+            raise ValueError(f"max_model_len: {max_len} exceeds the model's max_position_embeddings ({model_max_len})")
+        batched = self.max_num_batched_tokens or max(2048, max_len)
+        blocks = self.num_kv_blocks or _default_num_blocks(self, max_len, kv_bytes_per_token)
+        cfg = _replace(self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks)
+        _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
+        _check_choice(cfg, "dtype", DTYPES)
+        _check_choice(cfg, "attention_backend", ("torch", "triton"))
+        _check_choice(cfg, "preemption_mode", ("recompute", "swap"))
+        _check_choice(cfg, "scheduling_policy", ("fcfs", "priority"))
+        if cfg.attention_backend == "triton" and cfg.stage < 6:
+            raise ValueError(f"attention_backend: 'triton' is introduced by stage 6 (kernel), not stage {cfg.stage}")
+        if cfg.long_prefill_token_threshold < 0 or cfg.num_swap_blocks < 0:
+            raise ValueError("long_prefill_token_threshold and num_swap_blocks must be >= 0")
+        return cfg
+
+
+def _default_num_blocks(cfg: EngineConfig, max_len: int, kv_bytes_per_token: int) -> int:
+    """Enough for max_num_seqs requests of max_model_len tokens, within KV_MEMORY_BUDGET_BYTES."""
+    wanted = cfg.max_num_seqs * math.ceil(max_len / cfg.block_size)
+    affordable = KV_MEMORY_BUDGET_BYTES // max(1, kv_bytes_per_token * cfg.block_size)
+    return max(1, min(wanted, affordable))
+
+
+def _replace(cfg: EngineConfig, **changes) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(cfg, f.name) for f in fields(cfg)} | changes)
+
+
+def _check_positive(cfg: EngineConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+
+
+def _check_choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in choices:
+        raise ValueError(f"{name}: {getattr(cfg, name)!r} is not one of {choices}")

@@ -1,0 +1,1 @@
+"""KV-cache bookkeeping: who owns which blocks. Pure Python: never imports torch."""

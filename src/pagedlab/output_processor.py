@@ -1,0 +1,81 @@
+"""Stage 1: turn updated requests into vLLM-shaped `RequestOutput`s: text, stop strings, n > 1 groups.
+
+Builds on: outputs.py, request.py, model/tokenizer.py.
+Read with: chapters/01-contiguous-static.md.
+
+Token-level stops (EOS, stop token ids, lengths) are the scheduler's
+(`check_stop`); stop strings need text, so they are found here, after
+detokenizing, and the engine then finishes the request (as vLLM's output
+processor does). A stop string is cut from the text; the tokens that formed
+it stay in `token_ids`.
+"""
+
+from __future__ import annotations
+
+from pagedlab.model.tokenizer import Tokenizer
+from pagedlab.outputs import CompletionOutput, RequestOutput
+from pagedlab.request import Request
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer | None):
+        self.tokenizer = tokenizer
+        self.groups: dict[str, list[Request]] = {}  # group id -> its children, in child order
+        self.stopped_text: dict[str, str] = {}  # request_id -> text cut at its stop string
+
+    def add_group(self, children: list[Request]) -> None:
+        self.groups[children[0].group_id] = children
+
+    def find_stop_strings(self, requests: list[Request]) -> list[Request]:
+        """Requests whose text now contains one of their stop strings (text is cut there)."""
+        hits = []
+        for r in requests:
+            stops = r.sampling_params.stop
+            if not stops or self.tokenizer is None or r.request_id in self.stopped_text:
+                continue
+            text = self.tokenizer.decode(r.output_token_ids)
+            cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+            if cuts:
+                self.stopped_text[r.request_id] = text[: min(cuts)]
+                hits.append(r)
+        return hits
+
+    def make_outputs(self, requests: list[Request]) -> list[RequestOutput]:
+        """One RequestOutput per touched group; finished groups are forgotten afterwards."""
+        group_ids = list(dict.fromkeys(r.group_id for r in requests))
+        outputs = [self._output(gid) for gid in group_ids]
+        for out in outputs:
+            if out.finished:
+                for child in self.groups.pop(out.request_id):
+                    self.stopped_text.pop(child.request_id, None)
+        return outputs
+
+    def _output(self, group_id: str) -> RequestOutput:
+        children = self.groups[group_id]
+        first = children[0]
+        completions = [self._completion(c) for c in children]
+        return RequestOutput(
+            request_id=group_id,
+            prompt=first.prompt,
+            prompt_token_ids=list(first.prompt_token_ids),
+            outputs=completions,
+            finished=all(c.finish_reason is not None for c in completions),
+            metrics={
+                "arrival_time": first.arrival_time,
+                "first_token_time": min((c.first_token_time for c in children if c.first_token_time), default=None),
+                "finished_time": max((c.finished_time or 0 for c in children), default=None),
+            },
+        )
+
+    def _completion(self, r: Request) -> CompletionOutput:
+        text = self.stopped_text.get(r.request_id)
+        if text is None:
+            text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
+        return CompletionOutput(
+            index=r.child_index,
+            text=text,
+            token_ids=r.output_token_ids,
+            cumulative_logprob=sum(r.output_logprobs),
+            logprobs=list(r.top_logprobs) if r.sampling_params.logprobs is not None else None,
+            finish_reason=r.status.finish_reason,
+        )

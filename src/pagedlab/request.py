@@ -1,0 +1,107 @@
+"""Stage 1: one request's state as the scheduler and KV manager see it (pure Python, no torch).
+
+Builds on: sampling_params.py.
+Read with: chapters/01-contiguous-static.md.
+
+A request is a list of token ids that grows. `num_computed_tokens` counts how
+many of them already have K/V in the cache; the rest must be fed to the model.
+That single number is the only difference between prefill and decode, which
+is what lets a later stage mix them in one batch (as vLLM v1 does):
+
+    all_token_ids:  [ p0 p1 p2 p3 p4 | o0 o1 ]      5 prompt + 2 output tokens
+                      ^^^^^^^^^^^^^^^^^^^^ ^^
+                      computed (K/V cached) new: fed to the model this step
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pagedlab.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()  # queued, holds no KV
+    RUNNING = enum.auto()  # admitted, holds KV
+    PREEMPTED = enum.auto()  # evicted to make room; waits to run again (stage 5)
+    FINISHED_STOPPED = enum.auto()  # EOS, a stop token id or a stop string
+    FINISHED_LENGTH_CAPPED = enum.auto()  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = enum.auto()  # abort_request
+
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True)
+class Request:
+    """A request (or one child of an n > 1 request). Invariant: num_computed_tokens <= num_tokens."""
+
+    request_id: str  # unique in the engine; a child is "{i}_{parent_id}" as in vLLM
+    prompt_token_ids: list[int]  # never changes
+    sampling_params: SamplingParams  # as given by the user
+    max_tokens: int  # output tokens allowed: min(max_tokens, max_model_len - prompt length)
+    eos_token_ids: tuple[int, ...] = ()  # model EOS ids (ignored with ignore_eos)
+    arrival_time: float = 0.0  # seconds; FCFS order and latency metrics
+    priority: int = 0  # lower runs first under the priority policy (stage 5)
+    cache_salt: str | None = None  # isolates this request's prefix-cache entries (stage 4)
+    parent_id: str | None = None  # the user's request id when this is a child of an n > 1 request
+    child_index: int = 0  # i in 0 .. n-1; sampling uses seed + i
+    prompt: str | None = None  # the prompt text, when it was given as text
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended as tokens arrive
+    output_logprobs: list[float] = field(default_factory=list)  # logprob of each output token
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # when sampling_params.logprobs is set
+    first_token_time: float | None = None  # when the first output token was sampled
+    finished_time: float | None = None  # when it finished
+
+    def __post_init__(self):
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def group_id(self) -> str:
+        """The id shared by all children of one user request (scheduled as one unit)."""
+        return self.parent_id or self.request_id
+
+    @property
+    def seed(self) -> int | None:
+        seed = self.sampling_params.seed
+        return None if seed is None else seed + self.child_index
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def max_num_tokens(self) -> int:
+        """The longest this request can ever get: the worst case static admission reserves for."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    def append_output_token(self, token_id: int, logprob: float) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_logprobs.append(logprob)

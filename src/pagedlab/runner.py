@@ -1,0 +1,137 @@
+"""Stage 1: the model runner: build one step's tensors, run the model, sample.
+
+Builds on: model/llama.py, attention/metadata.py, sampling.py, sched/output.py.
+Read with: chapters/01-contiguous-static.md.
+
+Everything per step is built with vectorized numpy over the batch, never
+token by token in Python. Block tables live in one staged CPU buffer
+[rows, max_blocks_per_request] that is only written where the scheduler says
+a request's table changed (`new_block_ids`), and each step's [B, MB] table is
+one fancy-indexing gather of the scheduled rows, moved to the device at once.
+
+Shapes: B scheduled requests, T new tokens, MB max blocks per request, V vocab.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from pagedlab.attention.metadata import AttentionMetadata
+from pagedlab.config import EngineConfig
+from pagedlab.model.llama import CausalLM
+from pagedlab.sampling import sample
+from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
+
+
+class BlockTableBuffer:
+    """Persistent CPU block tables, one row per live request (vLLM's BlockTable, simplified)."""
+
+    def __init__(self, rows: int, max_blocks: int):
+        self.table = np.zeros((rows, max_blocks), dtype=np.int32)  # [rows, MB]
+        self.row_of: dict[str, int] = {}  # request_id -> row
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def write(self, req_id: str, start: int, block_ids: list[int]) -> None:
+        if req_id not in self.row_of:
+            if not self.free_rows:
+                self._grow()
+            self.row_of[req_id] = self.free_rows.pop()
+        self.table[self.row_of[req_id], start : start + len(block_ids)] = block_ids
+
+    def remove(self, req_id: str) -> None:
+        row = self.row_of.pop(req_id, None)
+        if row is not None:
+            self.free_rows.append(row)
+
+    def gather(self, req_ids: list[str]) -> np.ndarray:
+        return self.table[[self.row_of[r] for r in req_ids]]  # [B, MB]
+
+    def _grow(self) -> None:
+        old = len(self.table)
+        self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+
+class ModelRunner:
+    """Turns a SchedulerOutput into sampled tokens. Owns the model, the attention backend and the KV cache."""
+
+    def __init__(self, config: EngineConfig, model: CausalLM, attention):
+        self.config = config
+        self.model = model
+        self.attention = attention
+        self.device = torch.device(config.device)
+        self.block_tables = BlockTableBuffer(config.max_num_seqs, config.max_blocks_per_request)
+        self.generator = torch.Generator().manual_seed(config.seed)  # for requests without a seed
+        self.forward_seconds = 0.0  # time inside the model (for the overhead measurement)
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_block_tables(so)
+        if not so.scheduled:
+            return ModelRunnerOutput()
+        input_ids, positions, meta, sample_idx, sampling = self._prepare(so)
+        start = time.perf_counter()
+        hidden = self.model(input_ids, positions, self.attention, meta)  # [T, E]
+        logits = self.model.compute_logits(hidden[sample_idx])  # [N, V]
+        out = self._sample(logits, sampling)
+        self.forward_seconds += time.perf_counter() - start
+        return out
+
+    def _update_block_tables(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            self.block_tables.remove(req_id)
+        for req_id, (start, block_ids) in so.new_block_ids.items():
+            self.block_tables.write(req_id, start, block_ids)
+
+    def _prepare(self, so: SchedulerOutput):
+        """input_ids, positions [T]; attention metadata; rows to sample from; the requests that sample."""
+        num_new = np.array(so.num_scheduled_tokens)  # [B]
+        num_computed = np.array([r.num_computed_tokens for r in so.scheduled])  # [B]
+        qsl = np.concatenate([[0], np.cumsum(num_new)])  # [B + 1]
+        req_idx = np.repeat(np.arange(len(num_new)), num_new)  # [T] which request each token belongs to
+        positions = np.arange(qsl[-1]) - qsl[req_idx] + num_computed[req_idx]  # [T]
+        block_table = self.block_tables.gather([r.request_id for r in so.scheduled])  # [B, MB]
+        slot_mapping = self.slot_mapping(block_table, req_idx, positions)  # [T]
+        ids = [t for r, c, n in zip(so.scheduled, num_computed, num_new) for t in r.all_token_ids[c : c + n]]
+        seq_lens = num_computed + num_new  # [B]
+        # A request samples once all its known tokens are fed (always, at stages 1-4).
+        samples = seq_lens == np.array([r.num_tokens for r in so.scheduled])
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.from_numpy(qsl).to(dev),
+            query_start_loc_cpu=qsl.tolist(),
+            seq_lens=torch.from_numpy(seq_lens).to(dev),
+            seq_lens_cpu=seq_lens.tolist(),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            block_table=torch.from_numpy(block_table).to(dev),
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.config.block_size,
+        )
+        sample_idx = torch.from_numpy(qsl[1:][samples] - 1).to(dev)  # last new token of each sampler
+        sampling = [r for r, s in zip(so.scheduled, samples) if s]
+        return torch.tensor(ids, device=dev), torch.from_numpy(positions).to(dev), meta, sample_idx, sampling
+
+    def slot_mapping(self, block_table: np.ndarray, req_idx: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """slot = block_table[pos // block_size] * block_size + pos % block_size, for every new token."""
+        bs = self.config.block_size
+        return block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
+
+    def _sample(self, logits: torch.Tensor, requests) -> ModelRunnerOutput:
+        params = [r.sampling_params for r in requests]
+        tokens = sample(
+            logits, params, [r.seed for r in requests], [r.num_output_tokens for r in requests], self.generator
+        )
+        logprobs = torch.log_softmax(logits, dim=-1)  # [N, V] raw, as vLLM reports them
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+        top = [None] * len(requests)
+        k = max((p.logprobs or 0) for p in params)
+        if k:
+            values, ids = logprobs.topk(k, dim=-1)
+            for i, (r, p) in enumerate(zip(requests, params)):
+                if p.logprobs is not None:
+                    top[i] = dict(zip(ids[i, : p.logprobs].tolist(), values[i, : p.logprobs].tolist()))
+                    top[i][int(tokens[i])] = float(chosen[i])
+        return ModelRunnerOutput([r.request_id for r in requests], tokens.tolist(), chosen.tolist(), top)

@@ -1,0 +1,69 @@
+"""Stage 1: the stage presets: which KV manager, scheduler and attention backend each stage wires.
+
+Builds on: config.py and every part a preset names.
+Read with: chapters/00-overview.md.
+
+A stage is data, not a flag: the engine asks its preset for three parts and
+never checks a stage number. A later stage adds a preset that names a new
+class (or a subclass overriding one method).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedlab.attention.contiguous import ContiguousAttention
+from pagedlab.config import STAGE_NAMES
+from pagedlab.kv.contiguous import ContiguousKVCacheManager
+from pagedlab.sched.static import StaticScheduler
+
+
+@dataclass(frozen=True)
+class StagePreset:
+    """The three parts of one stage, and what its notebook asks."""
+
+    number: int  # 1 .. 6
+    name: str  # STAGE_NAMES[number]
+    kv_manager: type  # built with .from_config(config)
+    scheduler: type  # (config, kv_manager) -> scheduler
+    attention: type  # (kv_cache, num_queries_per_kv, head_dim) -> attention backend
+    question: str  # the question the stage's notebook answers
+    vllm_files: tuple[str, ...]  # where vLLM keeps the same idea
+
+
+STAGES: dict[int, StagePreset] = {
+    1: StagePreset(
+        1,
+        STAGE_NAMES[1],
+        ContiguousKVCacheManager,
+        StaticScheduler,
+        ContiguousAttention,
+        "How much reserved KV memory is wasted?",
+        ("the paper's Orca baselines (Kwon et al. 2023, §2.3 and Fig. 2)", "vllm/v1/worker/gpu_model_runner.py"),
+    ),
+}
+
+
+def get_preset(stage: int) -> StagePreset:
+    if stage not in STAGES:
+        done = ", ".join(f"{n} ({p.name})" for n, p in STAGES.items())
+        raise ValueError(f"stage: stage {stage} ({STAGE_NAMES[stage]}) is not implemented yet; implemented: {done}")
+    return STAGES[stage]
+
+
+def highest_stage() -> int:
+    return max(STAGES)
+
+
+def describe(stage: int) -> str:
+    """The wiring of one stage, as `pagedlab describe --stage N` prints it."""
+    p = get_preset(stage)
+    lines = [
+        f"stage {p.number} ({p.name}): {p.question}",
+        f"  KV manager : {p.kv_manager.__module__}.{p.kv_manager.__qualname__}",
+        f"  scheduler  : {p.scheduler.__module__}.{p.scheduler.__qualname__}",
+        f"  attention  : {p.attention.__module__}.{p.attention.__qualname__}",
+        "  step()     : scheduler.schedule() -> runner.execute() -> scheduler.update()",
+        "  in vLLM    : " + "; ".join(p.vllm_files),
+    ]
+    return "\n".join(lines)

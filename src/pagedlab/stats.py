@@ -1,0 +1,49 @@
+"""Stage 1: engine counters (`llm.engine.stats`) and the optional per-step trace that plots consume.
+
+Builds on: request.py.
+Read with: chapters/01-contiguous-static.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine started (DESIGN §3 names)."""
+
+    num_steps: int = 0  # engine steps that ran a batch
+    num_generated_tokens: int = 0  # output tokens sampled
+    num_preemptions: int = 0  # requests preempted (stage 5)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (stage 4)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    peak_kv_blocks_used: int = 0  # most KV blocks held at once
+    kv_usage: float = 0.0  # share of the pool held after the last step
+    step_seconds: float = 0.0  # wall time inside step()
+    forward_seconds: float = 0.0  # of which inside the model's forward and sampling
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time spent outside the model (scheduling, bookkeeping, tensor building)."""
+        return 1 - self.forward_seconds / self.step_seconds if self.step_seconds else 0.0
+
+
+@dataclass
+class StepTrace:
+    """One step, as visualizations see it."""
+
+    step: int  # 1-based step number
+    time: float  # seconds since the engine started
+    scheduled: dict[str, int]  # request_id -> tokens fed this step
+    waiting: list[str]  # request ids still waiting after scheduling
+    running: list[str]  # request ids holding KV during the step
+    kv_held: dict[str, int] = field(default_factory=dict)  # request_id -> KV slots held
+    kv_used: dict[str, int] = field(default_factory=dict)  # request_id -> slots holding computed tokens
+    block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks
+    num_used_blocks: int = 0  # blocks held in the pool after the step
+    finished: list[str] = field(default_factory=list)  # requests that ended this step
