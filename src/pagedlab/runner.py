@@ -130,7 +130,7 @@ class ModelRunner:
         k = max((p.logprobs or 0) for p in params)
         if k:
             values, ids = logprobs.topk(k, dim=-1)
-            for i, (r, p) in enumerate(zip(requests, params)):
+            for i, p in enumerate(params):
                 if p.logprobs is not None:
                     top[i] = dict(zip(ids[i, : p.logprobs].tolist(), values[i, : p.logprobs].tolist()))
                     top[i][int(tokens[i])] = float(chosen[i])
