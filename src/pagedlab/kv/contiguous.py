@@ -43,9 +43,11 @@ class ContiguousKVCacheManager:
 
     # BEGIN SOLUTION
     # TASK: static admission (can_admit) and the contiguous reservation (allocate_slots, free).
-    def can_admit(self, group: list[Request]) -> bool:
-        """Worst case: every request of the group needs a whole region, free right now."""
-        return len(group) <= len(self.free_regions)
+    def can_admit(self, group: list[Request], running: list[Request]) -> bool:
+        """Worst case: each request of the group needs a whole region, after the admitted `running`
+        requests that have not taken theirs yet."""
+        pending = sum(1 for r in running if r.request_id not in self.region_of)
+        return pending + len(group) <= len(self.free_regions)
 
     def can_ever_admit(self, group: list[Request]) -> bool:
         return len(group) <= self.num_regions

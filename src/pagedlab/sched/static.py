@@ -92,7 +92,7 @@ class StaticScheduler:
             tokens = sum(r.num_tokens - r.num_computed_tokens for r in group)
             if len(self.running) + len(group) > self.config.max_num_seqs or tokens > budget:
                 break
-            if not self.kv.can_admit(group):
+            if not self.kv.can_admit(group, self.running):
                 break
             for request in group:
                 self.waiting.popleft()
