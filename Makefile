@@ -16,7 +16,8 @@ setup: $(PY)  ## CPU torch first: a bare `torch` requirement would pull a multi-
 generate: setup
 	$(VENV)/bin/pagedlab generate "ROMEO:" --max-tokens 200
 
-demo: generate
+demo: setup  ## the main job: a live view of the engine, then the summary and the figures
+	$(VENV)/bin/pagedlab demo
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake

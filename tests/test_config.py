@@ -73,7 +73,14 @@ def test_unimplemented_stage_is_a_clear_error():
         get_preset(6)
 
 
-def test_describe_names_the_parts():
-    text = describe(1)
-    for part in ("ContiguousKVCacheManager", "StaticScheduler", "ContiguousAttention"):
+@pytest.mark.parametrize(
+    "stage, parts",
+    [
+        (1, ("ContiguousKVCacheManager", "StaticScheduler", "ContiguousAttention")),
+        (2, ("PagedKVCacheManager", "StaticScheduler", "PagedAttention", "vllm/v1/core/block_pool.py")),
+    ],
+)
+def test_describe_names_the_parts(stage, parts):
+    text = describe(stage)
+    for part in parts:
         assert part in text

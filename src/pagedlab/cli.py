@@ -1,6 +1,6 @@
 """The `pagedlab` command line: one sub-command per job.
 
-Builds on: everything (the CLI only wires parts together).
+Builds on: everything (the CLI only wires parts together; demo.py draws the live view).
 Read with: README.md.
 """
 
@@ -11,21 +11,71 @@ import sys
 import time
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from pagedlab import SamplingParams, load_model, oracle
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pagedlab.demo import DemoOptions, run_demo
 
-    loaded = load_model(args.model)
-    if loaded.tokenizer is None:
-        raise SystemExit(f"{args.model}: no tokenizer.json, so text prompts cannot be encoded")
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
-    for prompt in args.prompts:
-        ids = loaded.tokenizer.encode(prompt)
-        start = time.perf_counter()
-        out = oracle.generate(loaded.model, ids, params, loaded.config.eos_token_ids)
-        seconds = time.perf_counter() - start
-        rate = len(out.token_ids) / seconds
-        print(f"--- {prompt!r} ({len(out.token_ids)} tokens, {out.finish_reason}, {rate:.1f} tok/s)")
-        print(prompt + loaded.tokenizer.decode(out.token_ids))
+    opts = DemoOptions(
+        stage=args.stage,
+        model=args.model,
+        num_requests=args.num_requests,
+        max_tokens=args.max_tokens,
+        max_num_seqs=args.max_num_seqs,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        temperature=args.temperature,
+        seed=args.seed,
+        live=args.live,
+        delay=args.delay,
+        figures_dir=None if args.no_figures else args.figures_dir,
+    )
+    run_demo(opts)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pagedlab import LLM, SamplingParams
+
+    llm = LLM(args.model, stage=args.stage)
+    params = SamplingParams(
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    start = time.perf_counter()
+    outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    for out in outputs:
+        for completion in out.outputs:
+            child = f" [{completion.index + 1}/{params.n}]" if params.n > 1 else ""
+            print(f"--- {out.prompt!r}{child} ({len(completion.token_ids)} tokens, {completion.finish_reason})")
+            print(out.prompt + completion.text)
+    num_tokens = sum(len(c.token_ids) for out in outputs for c in out.outputs)
+    config = llm.engine.config
+    print(
+        f"=== stage {config.stage} ({config.stage_name}): {num_tokens} tokens in {seconds:.2f} s "
+        f"({num_tokens / seconds:.1f} tok/s)"
+    )
+    return 0
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from pagedlab.config import parse_stage
+    from pagedlab.stages import describe, highest_stage
+
+    print(describe(highest_stage() if args.stage is None else parse_stage(args.stage)))
+    return 0
+
+
+def _cmd_figures(args: argparse.Namespace) -> int:
+    try:
+        from pagedlab.figures import make_figures
+    except ImportError as e:
+        raise SystemExit(f"pagedlab figures: not available yet ({e})") from e
+    for path in make_figures(args.out):
+        print(path)
     return 0
 
 
@@ -43,17 +93,51 @@ def _cmd_train_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_demo(sub) -> None:
+    demo = sub.add_parser("demo", help="the bundled model through a stage, drawn live: queues, blocks, KV use")
+    demo.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    demo.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
+    demo.add_argument("--num-requests", type=int, default=8)
+    demo.add_argument("--max-tokens", type=int, default=32)
+    demo.add_argument("--max-num-seqs", type=int, default=4, help="requests running at once (small: queues show)")
+    demo.add_argument("--block-size", type=int, default=16)
+    demo.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: sized by the engine)")
+    demo.add_argument("--temperature", type=float, default=0.8)
+    demo.add_argument("--seed", type=int, default=0, help="request i samples with seed + i")
+    demo.add_argument("--delay", type=float, default=0.05, help="seconds per live frame")
+    demo.add_argument("--no-live", dest="live", action="store_false", help="one log line per step instead")
+    demo.add_argument("--no-figures", action="store_true", help="skip the figures at the end")
+    demo.add_argument("--figures-dir", default="figures")
+    demo.set_defaults(func=_cmd_demo)
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="generate text from prompts with the engine of a stage")
+    gen.add_argument("prompts", nargs="*", default=["ROMEO:"])
+    gen.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
+    gen.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    gen.add_argument("--max-tokens", type=int, default=200)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("-n", type=int, default=1, help="completions per prompt")
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=_cmd_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_generate(sub)
 
-    gen = sub.add_parser("generate", help="generate text from prompts with the bundled model")
-    gen.add_argument("prompts", nargs="*", default=["ROMEO:"])
-    gen.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
-    gen.add_argument("--max-tokens", type=int, default=200)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.set_defaults(func=_cmd_generate)
+    desc = sub.add_parser("describe", help="print a stage's wiring: KV manager, scheduler, attention")
+    desc.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    desc.set_defaults(func=_cmd_describe)
+
+    figs = sub.add_parser("figures", help="regenerate the figures")
+    figs.add_argument("--out", default="figures", help="output folder")
+    figs.set_defaults(func=_cmd_figures)
 
     tiny = sub.add_parser("train-tiny", help="retrain the bundled tiny-shakespeare model (a few minutes on CPU)")
     tiny.add_argument("--out", default=None, help="output folder (default: overwrite the bundled model)")

@@ -114,16 +114,16 @@ class LLMEngine:
         forward_before = self.runner.forward_seconds
         scheduler_output = self.scheduler.schedule()
         sampled = self.runner.execute(scheduler_output)
-        held = self._kv_held(scheduler_output) if self.config.record_trace else {}
+        snapshot = self._snapshot(scheduler_output) if self.config.record_trace else None
         updated = self.scheduler.update(scheduler_output, sampled)
-        outputs = self._finish_step(scheduler_output, updated, held)
+        outputs = self._finish_step(scheduler_output, updated, snapshot)
         if scheduler_output.scheduled:
             self.stats.num_steps += 1
             self.stats.step_seconds += time.perf_counter() - start
             self.stats.forward_seconds += self.runner.forward_seconds - forward_before
         return outputs
 
-    def _finish_step(self, scheduler_output, updated: list[Request], held: dict[str, int]) -> list[RequestOutput]:
+    def _finish_step(self, scheduler_output, updated: list[Request], snapshot: StepTrace | None) -> list[RequestOutput]:
         now = time.perf_counter() - self._start
         for r in self.output_processor.find_stop_strings(updated):
             self.scheduler.finish_requests([r.request_id], RequestStatus.FINISHED_STOPPED)
@@ -132,36 +132,36 @@ class LLMEngine:
             if r.status.is_finished():
                 r.finished_time = now
         touched, self._pending = self._pending + updated, []
-        self._update_stats(scheduler_output, updated, held)
+        self._update_stats(scheduler_output, updated, snapshot)
         outputs = self.output_processor.make_outputs(touched)
         for out in outputs:
             if out.finished:
                 self._requests.pop(out.request_id, None)
         return outputs
 
-    def _update_stats(self, scheduler_output, updated: list[Request], held: dict[str, int]) -> None:
+    def _update_stats(self, scheduler_output, updated: list[Request], snapshot: StepTrace | None) -> None:
         s = self.stats
         s.num_generated_tokens += len(updated)
         s.peak_kv_blocks_used = max(s.peak_kv_blocks_used, self.kv_manager.num_used_blocks)
         s.kv_usage = self.kv_manager.usage
         if self.config.debug_checks:
             self.scheduler.check_invariants()
-        if self.config.record_trace and scheduler_output.scheduled:
-            self.trace.append(self._trace_step(scheduler_output, updated, held))
+        if snapshot is not None and scheduler_output.scheduled:
+            snapshot.finished = [r.request_id for r in updated if r.status.is_finished()]
+            self.trace.append(snapshot)
 
-    def _kv_held(self, so) -> dict[str, int]:
-        return {r.request_id: self.kv_manager.slots_held(r) for r in so.scheduled}
-
-    def _trace_step(self, so, updated: list[Request], held: dict[str, int]) -> StepTrace:
+    def _snapshot(self, so) -> StepTrace:
+        """The step as it ran: after scheduling and the forward pass, before update frees anything."""
+        kv, running = self.kv_manager, self.scheduler.running
+        scheduled = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
         return StepTrace(
             step=self.stats.num_steps + 1,
             time=time.perf_counter() - self._start,
-            scheduled={r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)},
+            scheduled=scheduled,
             waiting=[r.request_id for r in self.scheduler.waiting],
-            running=[r.request_id for r in so.scheduled],
-            kv_held=held,
-            kv_used={r.request_id: r.num_computed_tokens for r in so.scheduled},
-            block_tables={r.request_id: self.kv_manager.get_block_ids(r) for r in self.scheduler.running},
-            num_used_blocks=self.kv_manager.num_used_blocks,
-            finished=[r.request_id for r in updated if r.status.is_finished()],
+            running=[r.request_id for r in running],
+            kv_held={r.request_id: kv.slots_held(r) for r in running},
+            kv_used={r.request_id: r.num_computed_tokens + scheduled.get(r.request_id, 0) for r in running},
+            block_tables={r.request_id: kv.get_block_ids(r) for r in running},
+            num_used_blocks=kv.num_used_blocks,
         )

@@ -15,6 +15,7 @@ Shapes: B scheduled requests, T new tokens, MB max blocks per request, V vocab.
 from __future__ import annotations
 
 import time
+from itertools import chain
 
 import numpy as np
 import torch
@@ -95,7 +96,9 @@ class ModelRunner:
         positions = np.arange(qsl[-1]) - qsl[req_idx] + num_computed[req_idx]  # [T]
         block_table = self.block_tables.gather([r.request_id for r in so.scheduled])  # [B, MB]
         slot_mapping = self.slot_mapping(block_table, req_idx, positions)  # [T]
-        ids = [t for r, c, n in zip(so.scheduled, num_computed, num_new) for t in r.all_token_ids[c : c + n]]
+        ids = list(
+            chain.from_iterable(r.all_token_ids[c : c + n] for r, c, n in zip(so.scheduled, num_computed, num_new))
+        )
         seq_lens = num_computed + num_new  # [B]
         # A request samples once all its known tokens are fed (always, at stages 1-4).
         samples = seq_lens == np.array([r.num_tokens for r in so.scheduled])

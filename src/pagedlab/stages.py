@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedlab.attention.contiguous import ContiguousAttention
-from pagedlab.config import STAGE_NAMES
+from pagedlab.attention.paged import PagedAttention
+from pagedlab.config import STAGE_NAMES, parse_stage
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
+from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.sched.static import StaticScheduler
 
 
@@ -41,6 +43,20 @@ STAGES: dict[int, StagePreset] = {
         "How much reserved KV memory is wasted?",
         ("the paper's Orca baselines (Kwon et al. 2023, §2.3 and Fig. 2)", "vllm/v1/worker/gpu_model_runner.py"),
     ),
+    2: StagePreset(
+        2,
+        STAGE_NAMES[2],
+        PagedKVCacheManager,
+        StaticScheduler,
+        PagedAttention,
+        "How many more requests fit?",
+        (
+            "vllm/v1/core/block_pool.py",
+            "vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue)",
+            "vllm/v1/core/kv_cache_manager.py",
+            "vllm/v1/worker/block_table.py",
+        ),
+    ),
 }
 
 
@@ -55,9 +71,9 @@ def highest_stage() -> int:
     return max(STAGES)
 
 
-def describe(stage: int) -> str:
+def describe(stage: int | str) -> str:
     """The wiring of one stage, as `pagedlab describe --stage N` prints it."""
-    p = get_preset(stage)
+    p = get_preset(parse_stage(stage))
     lines = [
         f"stage {p.number} ({p.name}): {p.question}",
         f"  KV manager : {p.kv_manager.__module__}.{p.kv_manager.__qualname__}",

@@ -1,0 +1,41 @@
+"""Stage 2: the torch paged-attention reference: gather each request's K/V through its block table.
+
+Builds on: attention/contiguous.py (stores, decode/prefill split, softmax).
+Read with: chapters/02-paged-blocks.md.
+
+Stage 1 found context position p of a request at region_start + p. With
+paging the same position lives at
+
+    block_table[p // block_size] * block_size + p % block_size
+
+so this backend overrides exactly one method, `context_slots`. Everything
+else (store-by-slot, masking, the decode batch) is stage 1's. The gather
+builds a [B, L, KVH, D] copy: simple and correct, and the cost that stage 6's
+kernel avoids by reading blocks in place.
+vLLM: the CUDA kernels in csrc/attention/ read the same block table in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedlab.attention.contiguous import ContiguousAttention
+from pagedlab.attention.metadata import AttentionMetadata
+
+
+class PagedAttention(ContiguousAttention):
+    """Torch reference attention over a paged KV cache."""
+
+    name = "torch"
+
+    # BEGIN SOLUTION
+    # TASK: paged gather: the cache slot of every context position, through the block table.
+    def context_slots(self, meta: AttentionMetadata) -> torch.Tensor:
+        """[B, L] slot of every context position: block_table[p // bs] * bs + p % bs."""
+        bs = meta.block_size
+        positions = torch.arange(meta.max_seq_len, device=meta.block_table.device)  # [L]
+        logical = (positions // bs).expand(meta.num_reqs, -1)  # [B, L]
+        physical = meta.block_table.long().gather(1, logical)  # [B, L]
+        return physical * bs + positions % bs
+
+    # END SOLUTION

@@ -1,0 +1,138 @@
+"""Stage 2: the block pool: physical KV blocks and the free-block queue threaded through them.
+
+Builds on: nothing (pure Python).
+Read with: chapters/02-paged-blocks.md.
+
+The free-block queue is a doubly linked list whose links live inside the
+blocks themselves (vLLM's FreeKVCacheBlockQueue), between two sentinels:
+
+    head <-> [b3] <-> [b7] <-> [b0] <-> tail
+             ^ popleft (allocate)      ^ append (free)
+
+popleft, append and remove-from-the-middle are all O(1). A plain deque could
+not remove from the middle, and stage 4 needs exactly that: a cached block
+that gets a hit must leave the free queue wherever it is.
+
+Invariant: a block is in the free queue iff its ref_cnt == 0.
+vLLM: vllm/v1/core/block_pool.py, vllm/v1/core/kv_cache_utils.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class KVCacheBlock:
+    """One physical block of block_size KV slots (the tensors live in the runner; this is the metadata)."""
+
+    block_id: int  # index into the KV tensors' first dimension
+    ref_cnt: int = 0  # block tables holding this block; 0 = free
+    block_hash: object | None = None  # set when the block is full and cached (stage 4)
+    prev_free_block: KVCacheBlock | None = None  # free-queue link (None when not queued)
+    next_free_block: KVCacheBlock | None = None  # free-queue link (None when not queued)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks with sentinel head and tail; the head is allocated first."""
+
+    def __init__(self, blocks: list[KVCacheBlock]):
+        self.num_free_blocks = len(blocks)
+        self.head = KVCacheBlock(-1)  # sentinel
+        self.tail = KVCacheBlock(-1)  # sentinel
+        chain = [self.head, *blocks, self.tail]
+        for left, right in zip(chain, chain[1:]):
+            left.next_free_block, right.prev_free_block = right, left
+
+    # BEGIN SOLUTION
+    # TASK: the free-block queue: O(1) popleft, append and remove through the blocks' own links.
+    def popleft(self) -> KVCacheBlock:
+        block = self.head.next_free_block
+        if block is self.tail:
+            raise ValueError("no free blocks")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink `block` from wherever it is in the queue."""
+        assert block.prev_free_block is not None and block.next_free_block is not None, f"{block} is not free"
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put `block` at the tail (it will be allocated last)."""
+        assert block.prev_free_block is None and block.next_free_block is None, f"{block} is already free"
+        last = self.tail.prev_free_block
+        last.next_free_block, block.prev_free_block = block, last
+        block.next_free_block, self.tail.prev_free_block = self.tail, block
+        self.num_free_blocks += 1
+
+    # END SOLUTION
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
+        return [self.popleft() for _ in range(n)]
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            self.append(block)
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Head to tail (for tests and drawings)."""
+        out, block = [], self.head.next_free_block
+        while block is not self.tail:
+            out.append(block)
+            block = block.next_free_block
+        return out
+
+
+class BlockPool:
+    """All physical blocks. Invariants: free queue == {blocks with ref_cnt 0}; used + free == total."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return 1 - self.num_free / self.num_blocks
+
+    # BEGIN SOLUTION
+    # TASK: allocate blocks from the free queue's head and free them back at ref_cnt 0.
+    def allocate(self, n: int) -> list[KVCacheBlock]:
+        """Take n blocks from the head of the free queue, each with ref_cnt 1."""
+        blocks = self.free_block_queue.popleft_n(n)
+        for block in blocks:
+            assert block.ref_cnt == 0, f"{block} was in the free queue"
+            block.ref_cnt = 1
+        return blocks
+
+    def free(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference from each block; a block that reaches 0 goes to the queue's tail."""
+        for block in blocks:
+            assert block.ref_cnt > 0, f"{block} freed twice"
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+
+    # END SOLUTION
+
+    def check_invariants(self) -> None:
+        queued = self.free_block_queue.get_all_free_blocks()
+        assert len(queued) == len(set(map(id, queued))) == self.num_free, "free queue is corrupt"
+        assert {b.block_id for b in queued} == {b.block_id for b in self.blocks if b.ref_cnt == 0}, (
+            "a block is in the free queue iff ref_cnt == 0"
+        )
+        assert all(b.ref_cnt >= 0 for b in self.blocks), "negative ref_cnt"

@@ -1,0 +1,102 @@
+"""Stage 2: paged KV cache manager: per-request block tables, blocks allocated on demand.
+
+Builds on: kv/block_pool.py, request.py.
+Read with: chapters/02-paged-blocks.md.
+
+A request's KV lives in fixed-size blocks scattered anywhere in the pool; its
+block table maps logical block i (tokens i*block_size ..) to a physical block:
+
+    request A, 21 tokens, block_size 8:   logical  0    1    2
+                                          physical [5] [2] [9]   (slots 9*8+0 .. 9*8+4 used)
+    slot of token t = block_table[t // block_size] * block_size + t % block_size
+
+A new block is taken only when the last one is full, so at most
+block_size - 1 slots per request are ever wasted (internal fragmentation),
+and no request holds memory for tokens it has not produced yet.
+
+Stage 2 still admits statically by worst case (`can_admit`), so the pool
+never runs dry mid-batch; stage 5 replaces that with preemption.
+vLLM: vllm/v1/core/kv_cache_manager.py, vllm/v1/core/single_type_kv_cache_manager.py.
+"""
+
+from __future__ import annotations
+
+from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
+from pagedlab.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedKVCacheManager:
+    """Invariant: every block with ref_cnt > 0 appears in exactly ref_cnt block tables."""
+
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
+        self.block_size = block_size
+        self.num_kv_blocks = num_kv_blocks
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_kv_blocks)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
+
+    @classmethod
+    def from_config(cls, config) -> PagedKVCacheManager:
+        return cls(config.num_kv_blocks, config.block_size, config.max_model_len)
+
+    # BEGIN SOLUTION
+    # TASK: on-demand allocation: give a request just enough blocks for its next tokens, or None.
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
+        if needed > self.pool.num_free:
+            return None
+        new_blocks = self.pool.allocate(max(0, needed))
+        blocks.extend(new_blocks)
+        return [b.block_id for b in new_blocks]
+
+    def free(self, request: Request) -> None:
+        """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.pool.free(reversed(blocks))
+
+    # END SOLUTION
+
+    def max_blocks(self, request: Request) -> int:
+        """Worst case: every token but the last sampled one gets K/V (the last is never fed back)."""
+        return cdiv(request.max_num_tokens - 1, self.block_size)
+
+    def can_admit(self, group: list[Request], running: list[Request]) -> bool:
+        """Static admission: the group's worst case fits in what the running requests may still claim."""
+        promised = sum(self.max_blocks(r) - len(self.req_to_blocks.get(r.request_id, ())) for r in running)
+        return sum(self.max_blocks(r) for r in group) <= self.pool.num_free - promised
+
+    def can_ever_admit(self, group: list[Request]) -> bool:
+        return sum(self.max_blocks(r) for r in group) <= self.num_kv_blocks
+
+    def get_block_ids(self, request: Request) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request.request_id, ())]
+
+    def slots_held(self, request: Request) -> int:
+        return len(self.req_to_blocks.get(request.request_id, ())) * self.block_size
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_kv_blocks - self.pool.num_free
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        holders: dict[int, int] = {}
+        for blocks in self.req_to_blocks.values():
+            for b in blocks:
+                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        for b in self.pool.blocks:
+            assert b.ref_cnt == holders.get(b.block_id, 0), f"{b} is held by {holders.get(b.block_id, 0)} tables"
