@@ -94,12 +94,13 @@ class ModelRunner:
         qsl = np.concatenate([[0], np.cumsum(num_new)])  # [B + 1]
         req_idx = np.repeat(np.arange(len(num_new)), num_new)  # [T] which request each token belongs to
         positions = np.arange(qsl[-1]) - qsl[req_idx] + num_computed[req_idx]  # [T]
-        block_table = self.block_tables.gather([r.request_id for r in so.scheduled])  # [B, MB]
+        seq_lens = num_computed + num_new  # [B]
+        num_blocks = -(-int(seq_lens.max()) // self.config.block_size)  # columns this step needs
+        block_table = self.block_tables.gather([r.request_id for r in so.scheduled])[:, :num_blocks]  # [B, nb]
         slot_mapping = self.slot_mapping(block_table, req_idx, positions)  # [T]
         ids = list(
             chain.from_iterable(r.all_token_ids[c : c + n] for r, c, n in zip(so.scheduled, num_computed, num_new))
         )
-        seq_lens = num_computed + num_new  # [B]
         # A request samples once all its known tokens are fed (always, at stages 1-4).
         samples = seq_lens == np.array([r.num_tokens for r in so.scheduled])
         dev = self.device
