@@ -19,11 +19,11 @@ generate: setup
 demo: setup  ## the main job: a live view of the engine, then the summary and the figures
 	$(VENV)/bin/pagedlab demo
 
-test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake
+test: setup  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake
 
 test-fast: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests

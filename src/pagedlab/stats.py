@@ -35,15 +35,15 @@ class EngineStats:
 
 @dataclass
 class StepTrace:
-    """One step, as visualizations see it."""
+    """One step as it ran: taken after scheduling and the forward pass, before update frees anything."""
 
     step: int  # 1-based step number
     time: float  # seconds since the engine started
     scheduled: dict[str, int]  # request_id -> tokens fed this step
     waiting: list[str]  # request ids still waiting after scheduling
-    running: list[str]  # request ids holding KV during the step
+    running: list[str]  # request ids holding KV during the step (scheduled or not)
     kv_held: dict[str, int] = field(default_factory=dict)  # request_id -> KV slots held
-    kv_used: dict[str, int] = field(default_factory=dict)  # request_id -> slots holding computed tokens
+    kv_used: dict[str, int] = field(default_factory=dict)  # request_id -> slots holding K/V after this step
     block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks
-    num_used_blocks: int = 0  # blocks held in the pool after the step
-    finished: list[str] = field(default_factory=list)  # requests that ended this step
+    num_used_blocks: int = 0  # blocks held in the pool during the step
+    finished: list[str] = field(default_factory=list)  # requests that ended in this step's update
