@@ -69,6 +69,13 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pagedlab.bench import run_bench
+
+    run_bench(args.name, as_json=args.json, figure=not args.no_figure)
+    return 0
+
+
 def _cmd_figures(args: argparse.Namespace) -> int:
     try:
         from pagedlab.figures import make_figures
@@ -134,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     desc = sub.add_parser("describe", help="print a stage's wiring: KV manager, scheduler, attention")
     desc.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
     desc.set_defaults(func=_cmd_describe)
+
+    bench = sub.add_parser("bench", help="the paper's measurements at our scale (DESIGN §6): memory, ...")
+    bench.add_argument("name", help="which bench, e.g. memory")
+    bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
+    bench.add_argument("--no-figure", action="store_true", help="do not write the bench's figure under figures/")
+    bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser("figures", help="regenerate the figures")
     figs.add_argument("--out", default="figures", help="output folder")

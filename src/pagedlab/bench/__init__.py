@@ -1,0 +1,39 @@
+"""Benchmarks: `pagedlab bench NAME [--json]`, the paper's tables and figures at our scale (DESIGN §6).
+
+Builds on: bench/workloads.py (seeded request streams shared by every bench) and the bench modules.
+Read with: DESIGN.md §6.
+
+A bench is a function `run_NAME(console, *, figure=True, **options) -> {"bench": NAME, "rows": [...]}`
+registered in BENCHES. It prints its progress and its table (the paper's figures beside ours) on
+`console`, which is stderr, so that with `--json` stdout carries exactly one JSON object. Each row is
+flat, with the fields DESIGN §6 lists for that bench (null where they do not apply), fractions as 0-1
+numbers and times in seconds. Adding a bench = one module + one entry in BENCHES.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+
+from pagedlab.bench.memory import run_memory
+
+BENCHES: dict[str, Callable[..., dict]] = {
+    "memory": run_memory,  # Figure 2: where KV memory goes, contiguous vs paged
+}
+
+
+def run_bench(name: str, as_json: bool = False, **options) -> dict:
+    """Run bench `name` (tables on stderr); with `as_json`, also print its result to stdout as one JSON object."""
+    from rich.console import Console
+
+    if name not in BENCHES:
+        raise ValueError(f"unknown bench {name!r}; known: {', '.join(sorted(BENCHES))}")
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)  # logs and CI: no 80-column squeeze
+    result = BENCHES[name](console, **options)
+    assert result.get("bench") == name and isinstance(result.get("rows"), list), f"bench {name} returned {result}"
+    if as_json:
+        json.dump(result, sys.stdout, allow_nan=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return result

@@ -1,0 +1,414 @@
+"""Benchmarks: `pagedlab bench memory`, the vLLM paper's Figure 2 at our scale (where does KV memory go?).
+
+Builds on: kv/paged.py (the stage-2 manager, used as is), request.py, bench/workloads.py.
+Read with: DESIGN.md §6, chapters/02-paged-blocks.md.
+
+A fake model (no forward pass, no torch) runs a saturated stream of requests
+over a fixed pool of KV slots. Every step, each running request computes its
+next token (its first step computes the whole prompt), and each slot of the
+pool is counted as exactly one of:
+
+    request with final length 10, 6 tokens computed, holding 12 slots:
+    | T T T T T T | R R R R | I I |       T token state           (holds a computed token)
+                                          R reservation           (held for a token still to come)
+                                          I internal fragmentation (held beyond the final length)
+    slots nobody holds                    E external fragmentation & other
+
+A request's final length is prompt + output tokens, all counted as token states
+once computed. All requests are queued at t=0 and the batch is re-formed every
+step (continuous batching, FCFS); only steps with requests still waiting are
+measured, so the pool is always under pressure. Contiguous systems reserve a
+region at admission (first fit); paged allocates blocks on demand and, when a
+running request finds no free block, preempts the newest request (recompute:
+it keeps its tokens, frees its blocks and goes back to the front of waiting).
+
+The paper (Kwon et al., SOSP 2023, Fig. 2) measured 20.4 / 26.8 / 38.2 % token
+states for Orca Max / Pow2 / Oracle, which reserve one contiguous region per
+request, against 96.3 % for vLLM, which allocates blocks on demand.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from pagedlab.bench.workloads import RequestSpec, sample_requests
+from pagedlab.kv.paged import PagedKVCacheManager
+from pagedlab.request import Request, RequestStatus
+from pagedlab.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from rich.table import Table
+
+SYSTEMS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")
+PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
+PAPER_BLOCK_SIZE = 16  # vLLM's default, the block size of the paper's 96.3 %
+# Fig. 2 does not name its dataset, but it must be ShareGPT: an Alpaca request (~80 tokens) fills 4 % of a Max region.
+PAPER_WORKLOAD = "sharegpt"
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+# Enough requests that the measured (saturated) steps far outnumber the start-up steps.
+NUM_REQUESTS = {"sharegpt": 600, "alpaca": 2500}
+SHARES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
+INTERNAL_FRAGMENTATION = "#d55e00"  # Okabe-Ito vermillion: viz's palette has no colour for slots wasted for good
+
+
+class FirstFitAllocator:
+    """Free slots of a pool as holes (start, length); a request's region is carved from the first hole that fits.
+
+    Invariant: holes are sorted by start, disjoint and never adjacent (free coalesces neighbours), and
+    holes + allocated regions tile the pool exactly.
+
+        pool:  [ A A A | . . | B B B B | . . . . . . ]      holes [(3, 2), (9, 6)]
+        allocate(4) skips the hole of 2 and takes slots 9..12: first fit, not best fit
+    """
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.holes: list[tuple[int, int]] = [(0, num_slots)]  # (start, length), sorted by start
+        self.allocated: dict[int, int] = {}  # start -> length of each region handed out
+
+    @property
+    def num_free(self) -> int:
+        return sum(length for _, length in self.holes)
+
+    def allocate(self, size: int) -> int | None:
+        """Start of a region of `size` slots from the lowest hole that fits; None if no hole is big enough."""
+        assert size >= 1, f"a region needs at least one slot, got {size}"
+        for i, (start, length) in enumerate(self.holes):
+            if length >= size:
+                if length == size:
+                    del self.holes[i]
+                else:
+                    self.holes[i] = (start + size, length - size)
+                self.allocated[start] = size
+                return start
+        return None
+
+    def free(self, start: int) -> None:
+        """Return the region starting at `start`, merging it with the holes on either side."""
+        assert start in self.allocated, f"no region starts at slot {start} (freed twice?)"
+        size = self.allocated.pop(start)
+        i = bisect.bisect(self.holes, (start, 0))
+        if i > 0 and sum(self.holes[i - 1]) == start:  # the hole before ends where we start
+            i -= 1
+            start, size = self.holes[i][0], self.holes.pop(i)[1] + size
+        if i < len(self.holes) and self.holes[i][0] == start + size:  # the hole after starts where we end
+            size += self.holes.pop(i)[1]
+        self.holes.insert(i, (start, size))
+
+
+class KVSpace(Protocol):
+    """What the simulation needs of a KV memory: the KV managers' `allocate_slots` / `free` vocabulary, in slots."""
+
+    pool_slots: int
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> object | None: ...
+    def free(self, request: Request) -> None: ...
+    def slots_held(self, request: Request) -> int: ...
+    @property
+    def num_free_slots(self) -> int: ...
+
+
+class ContiguousSpace:
+    """Orca-style: one contiguous region per request, sized at admission by `region_len`, placed first fit.
+
+    Invariant: a request holds exactly one region from admission until it is freed, and never outgrows it.
+    """
+
+    def __init__(self, pool_slots: int, region_len: Callable[[Request], int]):
+        self.pool_slots = pool_slots
+        self.region_len = region_len  # request -> slots reserved for its whole life
+        self.allocator = FirstFitAllocator(pool_slots)
+        self.region_of: dict[str, tuple[int, int]] = {}  # request_id -> (start, length)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> range | None:
+        """Slots newly reserved: the whole region on the first call, nothing later; None if no hole fits."""
+        new = range(0)
+        if request.request_id not in self.region_of:
+            size = self.region_len(request)
+            start = self.allocator.allocate(size)
+            if start is None:
+                return None
+            self.region_of[request.request_id] = (start, size)
+            new = range(start, start + size)
+        start, size = self.region_of[request.request_id]
+        assert request.num_computed_tokens + num_new_tokens <= size, f"{request.request_id} outgrew its region"
+        return new
+
+    def free(self, request: Request) -> None:
+        start, _ = self.region_of.pop(request.request_id)
+        self.allocator.free(start)
+
+    def slots_held(self, request: Request) -> int:
+        return self.region_of.get(request.request_id, (0, 0))[1]
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.allocator.num_free
+
+
+class PagedSpace(PagedKVCacheManager):
+    """The stage-2 paged manager, unchanged, measured in slots instead of blocks."""
+
+    @property
+    def pool_slots(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_free_blocks * self.block_size
+
+
+def make_space(system: str, pool_slots: int, max_model_len: int = 2048, block_size: int | None = None) -> KVSpace:
+    """The KV memory of one of SYSTEMS over a pool of `pool_slots` slots."""
+    region_lens = {
+        "contiguous-max": lambda r: max_model_len,
+        "contiguous-pow2": lambda r: 1 << (r.max_num_tokens - 1).bit_length(),  # next power of two >= final length
+        "contiguous-oracle": lambda r: r.max_num_tokens,
+    }
+    if system in region_lens:
+        return ContiguousSpace(pool_slots, region_lens[system])
+    if system != "paged":
+        raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+    if block_size is None or pool_slots % block_size:
+        raise ValueError(f"paged needs a block_size that divides pool_slots={pool_slots}, got {block_size}")
+    return PagedSpace(pool_slots // block_size, block_size, max_model_len)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCounts:
+    """One measured step: every slot of the pool in exactly one class (the four add up to the pool)."""
+
+    token_states: int  # slots holding a computed token's K/V
+    reservation: int  # slots held for tokens their request will still compute
+    internal_fragmentation: int  # slots held beyond their request's final length
+    external_fragmentation: int  # slots no request holds
+    batched_requests: int  # requests running this step
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What one simulated system did with one request stream."""
+
+    steps: list[StepCounts]  # the measured steps: those with requests still waiting (the pool saturated)
+    num_preemptions: int  # running requests sent back to waiting (paged only)
+    num_finished: int  # requests that finished before the waiting queue emptied
+
+
+def make_request(index: int, spec: RequestSpec) -> Request:
+    params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+    return Request(f"r{index}", [0] * spec.prompt_len, params, max_tokens=spec.output_len)
+
+
+def simulate(space: KVSpace, specs: list[RequestSpec]) -> SimResult:
+    """Run all of `specs` (queued at t=0) with continuous batching until the waiting queue empties."""
+    waiting, running = deque(make_request(i, s) for i, s in enumerate(specs)), []
+    steps, num_preemptions, num_finished = [], 0, 0
+    while waiting:
+        preempted = _schedule_running(space, running, waiting)
+        num_preemptions += preempted
+        if not preempted:  # as vLLM v1: no admission in a step that had to preempt
+            _schedule_waiting(space, running, waiting)
+        assert running, f"{waiting[0].request_id} can never fit in {space.pool_slots} slots"
+        for request in running:  # the fake forward pass: every scheduled token gets its K/V
+            request.num_computed_tokens = request.num_tokens
+        if waiting:
+            steps.append(classify(space, running))
+        num_finished += _update(space, running)
+    return SimResult(steps, num_preemptions, num_finished)
+
+
+def _schedule_running(space: KVSpace, running: list[Request], waiting: deque[Request]) -> int:
+    """Room for each running request's next token, oldest first; when short, preempt the newest. Returns how many."""
+    num_preempted, i = 0, 0
+    while i < len(running):
+        request = running[i]
+        if space.allocate_slots(request, request.num_tokens - request.num_computed_tokens) is not None:
+            i += 1
+            continue
+        victim = running.pop()  # the newest; may be `request` itself, which ends the loop
+        space.free(victim)
+        victim.num_computed_tokens, victim.status = 0, RequestStatus.PREEMPTED  # recompute: keep its tokens
+        waiting.appendleft(victim)
+        num_preempted += 1
+    return num_preempted
+
+
+def _schedule_waiting(space: KVSpace, running: list[Request], waiting: deque[Request]) -> None:
+    """Admit FCFS while the head's tokens fit; the first that does not blocks the queue (head of line)."""
+    while waiting and space.allocate_slots(waiting[0], waiting[0].num_tokens) is not None:
+        request = waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        running.append(request)
+
+
+def _update(space: KVSpace, running: list[Request]) -> int:
+    """Free the requests that reached their final length; the others sample their next token. Returns how many."""
+    still_running = []
+    for request in running:
+        if request.num_computed_tokens == request.max_num_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            space.free(request)
+        else:
+            request.append_output_token(0, 0.0)
+            still_running.append(request)
+    num_finished = len(running) - len(still_running)
+    running[:] = still_running
+    return num_finished
+
+
+def classify(space: KVSpace, running: list[Request]) -> StepCounts:
+    """Count every slot of the pool as token state, reservation, internal or external fragmentation."""
+    tokens = reserved = internal = 0
+    for request in running:
+        held, computed, final = space.slots_held(request), request.num_computed_tokens, request.max_num_tokens
+        assert computed <= held, f"{request.request_id} computed {computed} tokens into {held} slots"
+        tokens += computed
+        reserved += min(held, final) - computed
+        internal += max(0, held - final)
+    external = space.num_free_slots
+    assert tokens + reserved + internal + external == space.pool_slots, "a slot is counted twice or leaked"
+    return StepCounts(tokens, reserved, internal, external, len(running))
+
+
+def memory_row(
+    system: str, block_size: int | None, workload: str, specs: list[RequestSpec], result: SimResult, pool_slots: int
+) -> dict:
+    """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
+    n = len(result.steps)
+    assert n, f"{system} on {workload}: no measured step (use more requests or a smaller pool)"
+    row = {"system": system, "block_size": block_size, "workload": workload, "num_requests": len(specs)}
+    for share in SHARES:
+        row[share] = sum(getattr(s, share) for s in result.steps) / (n * pool_slots)
+    row["mean_batched_requests"] = sum(s.batched_requests for s in result.steps) / n
+    paper = paper_token_states(system, block_size, workload)
+    row |= {"pool_slots": pool_slots, "steps": n, "preemptions": result.num_preemptions, "paper_token_states": paper}
+    return row
+
+
+def paper_token_states(system: str, block_size: int | None, workload: str) -> float | None:
+    """The paper's Fig. 2 value for this configuration, if it measured one."""
+    measured = workload == PAPER_WORKLOAD and block_size in (None, PAPER_BLOCK_SIZE)
+    return PAPER_TOKEN_STATES[system] if measured else None
+
+
+def memory_rows(
+    workload: str,
+    num_requests: int,
+    pool_slots: int = 16384,
+    block_sizes=BLOCK_SIZES,
+    seed: int = 0,
+    max_model_len: int = 2048,
+) -> list[dict]:
+    """Every system (and every block size of paged) on one seeded stream of `workload`."""
+    specs = sample_requests(workload, num_requests, seed=seed, max_model_len=max_model_len)
+    configs = [(s, None) for s in SYSTEMS[:3]] + [("paged", b) for b in block_sizes]
+    rows = []
+    for system, block_size in configs:
+        space = make_space(system, pool_slots, max_model_len, block_size)
+        rows.append(memory_row(system, block_size, workload, specs, simulate(space, specs), pool_slots))
+    return rows
+
+
+def batch_gain(rows: list[dict], workload: str) -> float | None:
+    """Mean batch of paged (block 16) ÷ that of contiguous-max, at equal KV memory."""
+    batch = {(r["system"], r["block_size"]): r["mean_batched_requests"] for r in rows if r["workload"] == workload}
+    paged, maximum = batch.get(("paged", PAPER_BLOCK_SIZE)), batch.get(("contiguous-max", None))
+    return paged / maximum if paged and maximum else None
+
+
+def run_memory(
+    console,
+    *,
+    figure: bool = True,
+    figures_dir: str | Path = "figures",
+    pool_slots: int = 16384,
+    num_requests: dict[str, int] | None = None,
+    block_sizes=BLOCK_SIZES,
+    seed: int = 0,
+) -> dict:
+    """The `memory` bench: rows for both workloads, a table on `console`, and figures/02_memory.png."""
+    rows, start = [], time.perf_counter()
+    for workload, n in (num_requests or NUM_REQUESTS).items():
+        console.print(f"[dim]memory: {workload}, {n} requests, {pool_slots} slots …[/dim]")
+        rows += memory_rows(workload, n, pool_slots, block_sizes, seed)
+    console.print(memory_table(rows))
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        gain = batch_gain(rows, workload)
+        if gain is not None:
+            console.print(f"{workload}: paged (block 16) batches {gain:.1f}x the requests of contiguous-max")
+    if figure:
+        console.print(f"wrote {save_memory_figure(rows, figures_dir)}")
+    console.print(f"[dim]memory: {time.perf_counter() - start:.1f} s[/dim]")
+    return {"bench": "memory", "rows": rows}
+
+
+def save_memory_figure(rows: list[dict], figures_dir: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(figures_dir) / "02_memory.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = plot_memory(rows)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def memory_table(rows: list[dict]) -> Table:
+    """A rich table of the rows, the paper's token-state share beside ours."""
+    from rich.table import Table
+
+    table = Table(title="KV cache memory (vLLM paper Fig. 2): share of the pool, averaged over saturated steps")
+    for col in ("workload", "system", "block", "token states", "paper", "reservation", "internal", "external"):
+        table.add_column(col, justify="left" if col in ("workload", "system") else "right")
+    table.add_column("batch", justify="right")
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"
+    for r in rows:
+        shares = [pct(r[s]) for s in SHARES]
+        block = "-" if r["block_size"] is None else str(r["block_size"])
+        cells = [r["workload"], r["system"], block, shares[0], pct(r["paper_token_states"]), *shares[1:]]
+        table.add_row(*cells, f"{r['mean_batched_requests']:.1f}")
+    return table
+
+
+def plot_memory(rows: list[dict]) -> Figure:
+    """Stacked bars like the paper's Fig. 2: one bar per system (paged at block 16), one panel per workload."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from pagedlab import viz
+
+    colours = dict(zip(SHARES, (viz.USED, viz.RESERVED, INTERNAL_FRAGMENTATION, viz.FREE)))
+    shown = [r for r in rows if r["block_size"] in (None, PAPER_BLOCK_SIZE)]
+    workloads = list(dict.fromkeys(r["workload"] for r in shown))
+    fig, axes = viz.plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.2), squeeze=False, sharey=True)
+    for ax, workload in zip(axes[0], workloads):
+        bars = [r for r in shown if r["workload"] == workload]
+        labels = [r["system"].replace("contiguous-", "").replace("paged", "paged\n(block 16)") for r in bars]
+        bottom = [0.0] * len(bars)
+        for share in SHARES:
+            values = [100 * r[share] for r in bars]
+            ax.bar(labels, values, bottom=bottom, color=colours[share], edgecolor="white", linewidth=0.5)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        for x, r in enumerate(bars):
+            tokens = 100 * r["token_states"]
+            inside = tokens > 8  # a thin bar gets its label above it
+            y, colour = (tokens / 2, "white") if inside else (tokens + 1, "black")
+            ax.text(x, y, f"{tokens:.1f}", ha="center", va="center" if inside else "bottom", color=colour)
+            if r["paper_token_states"] is not None:
+                ax.plot([x - 0.4, x + 0.4], [100 * r["paper_token_states"]] * 2, color="black", linestyle="--")
+        ax.set_title(f"{workload} ({bars[0]['num_requests']} requests, {bars[0]['pool_slots']} slots)")
+        ax.set_ylim(0, 100)
+    axes[0][0].set_ylabel("share of the KV pool (%)")
+    names = ("token states", "reservation", "internal fragmentation", "external fragmentation & other")
+    handles = [Patch(color=colours[s], label=n) for s, n in zip(SHARES, names)]
+    handles.append(Line2D([], [], color="black", linestyle="--", label="paper: token states"))
+    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout()
+    return fig
