@@ -86,6 +86,15 @@ class ModelRunner:
             self.block_tables.remove(req_id)
         for req_id, (start, block_ids) in so.new_block_ids.items():
             self.block_tables.write(req_id, start, block_ids)
+        if so.block_copies:
+            self.copy_blocks(so.block_copies)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block dst takes src's K and V, in every layer, in one indexing op."""
+        kv = self.attention.kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]
+        src = torch.tensor([s for s, _ in copies], device=kv.device)
+        dst = torch.tensor([d for _, d in copies], device=kv.device)
+        kv[:, :, dst] = kv[:, :, src]
 
     def _prepare(self, so: SchedulerOutput):
         """input_ids, positions [T]; attention metadata; rows to sample from; the requests that sample."""

@@ -84,3 +84,19 @@ def test_random_programs_keep_every_invariant(block_size, program):
         kv.free(r)
     kv.check_invariants()
     assert kv.num_free_blocks == 12
+
+
+def test_table_updates_tell_the_runner_only_what_it_lacks():
+    kv = PagedKVCacheManager(num_kv_blocks=8, block_size=2, max_model_len=32)
+    a = req("a", prompt_len=3)
+    grow(kv, a, 3)
+    assert kv.table_update(a) == (0, [0, 1])
+    assert kv.table_update(a) is None  # nothing new
+    grow(kv, a, 1)  # token 3 fits block 1
+    assert kv.table_update(a) is None
+    grow(kv, a, 1)  # token 4 opens block 2
+    assert kv.table_update(a) == (2, [2])
+    kv.free(a)
+    b = req("a", prompt_len=1)  # the same id again starts from scratch
+    grow(kv, b, 1)
+    assert kv.table_update(b)[0] == 0

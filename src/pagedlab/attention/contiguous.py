@@ -21,15 +21,15 @@ import torch
 from pagedlab.attention.base import causal_attention, repeat_kv
 from pagedlab.attention.metadata import AttentionMetadata
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k, v), each [num_kv_blocks, block_size, KVH, D]
 
+def allocate_kv_cache(num_layers, num_kv_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> torch.Tensor:
+    """One tensor for the whole cache, [layers, 2 (k, v), num_kv_blocks, block_size, KVH, D].
 
-def allocate_kv_cache(num_layers, num_kv_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> KVCache:
-    shape = (num_kv_blocks, block_size, num_kv_heads, head_dim)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(num_layers)
-    ]
+    kv_cache[layer] unpacks into that layer's (k, v); a block copy or swap of
+    every layer at once is one indexing op on dimension 2.
+    """
+    shape = (num_layers, 2, num_kv_blocks, block_size, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -43,7 +43,7 @@ class ContiguousAttention:
 
     name = "torch"
 
-    def __init__(self, kv_cache: KVCache, num_queries_per_kv: int, head_dim: int):
+    def __init__(self, kv_cache: torch.Tensor, num_queries_per_kv: int, head_dim: int):
         self.kv_cache = kv_cache
         self.num_queries_per_kv = num_queries_per_kv
         self.scale = head_dim**-0.5

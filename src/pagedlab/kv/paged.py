@@ -38,6 +38,7 @@ class PagedKVCacheManager:
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_kv_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
+        self.num_synced: dict[str, int] = {}  # request_id -> leading table entries the runner already has
 
     @classmethod
     def from_config(cls, config) -> PagedKVCacheManager:
@@ -58,9 +59,22 @@ class PagedKVCacheManager:
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_synced.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
 
     # END SOLUTION
+
+    def table_update(self, request: Request) -> tuple[int, list[int]] | None:
+        """What the runner's copy of this block table lacks: (first stale index, block ids from there)."""
+        ids = self.get_block_ids(request)
+        start = self.num_synced.get(request.request_id, 0)
+        if start == len(ids):
+            return None
+        self.num_synced[request.request_id] = len(ids)
+        return start, ids[start:]
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        return []  # nothing is shared before stage 3
 
     def max_blocks(self, request: Request) -> int:
         """Worst case: every token but the last sampled one gets K/V (the last is never fed back)."""

@@ -77,12 +77,13 @@ class StaticScheduler:
             self._admit_batch()
         for request in self.running:
             num_new = request.num_tokens - request.num_computed_tokens
-            new_blocks = self.kv.allocate_slots(request, num_new)
-            assert new_blocks is not None, "worst-case admission guarantees room"
-            if new_blocks:
-                out.new_block_ids[request.request_id] = (self._num_blocks_before(request, new_blocks), new_blocks)
+            assert self.kv.allocate_slots(request, num_new) is not None, "worst-case admission guarantees room"
+            update = self.kv.table_update(request)
+            if update is not None:
+                out.new_block_ids[request.request_id] = update
             out.scheduled.append(request)
             out.num_scheduled_tokens.append(num_new)
+        out.block_copies = self.kv.take_block_copies()
         return out
 
     def _admit_batch(self) -> None:
@@ -111,9 +112,6 @@ class StaticScheduler:
                 break
             group.append(request)
         return group
-
-    def _num_blocks_before(self, request: Request, new_blocks: list[int]) -> int:
-        return len(self.kv.get_block_ids(request)) - len(new_blocks)
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[Request]:
         """Advance every scheduled request; append sampled tokens; finish those that stop.
