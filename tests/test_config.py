@@ -61,6 +61,7 @@ def test_triton_backend_needs_stage_6():
         ({"max_model_len": 4096}, "max_model_len: 4096 exceeds"),
         ({"dtype": "int8"}, "dtype: 'int8' is not one of"),
         ({"blocksize": 8}, "blocksize: not an engine setting"),
+        ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens: 32 is below max_num_seqs"),
     ],
 )
 def test_bad_values(kwargs, message):

@@ -176,3 +176,10 @@ def test_stats_and_trace():
 def test_beam_search_needs_stage_3(llm):
     with pytest.raises(ValueError, match="beam_search: needs copy-on-write"):
         llm.beam_search(["ROMEO:"], BeamSearchParams(beam_width=2, max_tokens=4))
+
+
+def test_a_stop_string_on_the_last_allowed_token_is_a_stop(llm):
+    free = llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)[0].outputs[0]
+    tail = free.text[-3:]
+    out = llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=5, stop=tail), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].text == free.text[:-3]

@@ -105,6 +105,11 @@ class EngineConfig:
         _check_choice(cfg, "scheduling_policy", ("fcfs", "priority"))
         if cfg.attention_backend == "triton" and cfg.stage < 6:
             raise ValueError(f"attention_backend: 'triton' is introduced by stage 6 (kernel), not stage {cfg.stage}")
+        if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens: {cfg.max_num_batched_tokens} is below max_num_seqs ({cfg.max_num_seqs}); "
+                "a step of decodes alone would not fit"
+            )
         if cfg.long_prefill_token_threshold < 0 or cfg.num_swap_blocks < 0:
             raise ValueError("long_prefill_token_threshold and num_swap_blocks must be >= 0")
         return cfg

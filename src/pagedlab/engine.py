@@ -126,7 +126,10 @@ class LLMEngine:
     def _finish_step(self, scheduler_output, updated: list[Request], snapshot: StepTrace | None) -> list[RequestOutput]:
         now = time.perf_counter() - self._start
         for r in self.output_processor.find_stop_strings(updated):
-            self.scheduler.finish_requests([r.request_id], RequestStatus.FINISHED_STOPPED)
+            if r.status.is_finished():  # a stop string on the last allowed token is still a stop (as vLLM)
+                r.status = RequestStatus.FINISHED_STOPPED
+            else:
+                self.scheduler.finish_requests([r.request_id], RequestStatus.FINISHED_STOPPED)
         for r in updated:
             r.first_token_time = r.first_token_time or now
             if r.status.is_finished():

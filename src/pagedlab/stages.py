@@ -41,7 +41,7 @@ STAGES: dict[int, StagePreset] = {
         StaticScheduler,
         ContiguousAttention,
         "How much reserved KV memory is wasted?",
-        ("the paper's Orca baselines (Kwon et al. 2023, §2.3 and Fig. 2)", "vllm/v1/worker/gpu_model_runner.py"),
+        ("the paper's contiguous pre-allocation and its Orca baselines (Kwon et al. 2023, §3.1, §6.1, Fig. 2)", "vllm/v1/worker/gpu_model_runner.py"),
     ),
     2: StagePreset(
         2,

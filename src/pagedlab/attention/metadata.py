@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass
+@dataclass(slots=True)
 class AttentionMetadata:
     """Everything a cached attention backend needs for one step; built once per step by the runner."""
 

@@ -59,7 +59,7 @@ class StaticScheduler:
         if not self.kv.can_ever_admit(group):
             raise ValueError(
                 f"num_kv_blocks: {self.config.num_kv_blocks} blocks can never hold this request's worst case "
-                f"(prompt + max_tokens for each of its {len(group)} children)"
+                f"(what the KV manager reserves for each of its {len(group)} children)"
             )
 
     def add_request(self, group: list[Request]) -> None:
