@@ -43,6 +43,11 @@ STAGE_CONFIGS = {
         {"max_num_seqs": 6, "block_size": 4, "num_kv_blocks": 30},  # tight: worst cases admit 1-2 at a time
         {"max_num_seqs": 6, "block_size": 2, "max_model_len": 96, "max_num_batched_tokens": 64},
     ],
+    3: [
+        {"max_num_seqs": 6, "block_size": 1},
+        {"max_num_seqs": 6, "block_size": 16},
+        {"max_num_seqs": 6, "block_size": 4, "num_kv_blocks": 30},
+    ],
 }
 
 

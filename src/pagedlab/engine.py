@@ -21,10 +21,11 @@ from pagedlab.config import EngineConfig
 from pagedlab.model.loader import LoadedModel
 from pagedlab.oracle import max_output_tokens
 from pagedlab.output_processor import OutputProcessor
-from pagedlab.outputs import RequestOutput
+from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.request import Request, RequestStatus
 from pagedlab.runner import ModelRunner
-from pagedlab.sampling_params import SamplingParams
+from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.sched.beam import BeamGroup
 from pagedlab.stages import get_preset
 from pagedlab.stats import EngineStats, StepTrace
 from pagedlab.validation import check_prompt, check_request_options
@@ -53,6 +54,8 @@ class LLMEngine:
         self.trace: list[StepTrace] = []
         self._requests: dict[str, list[Request]] = {}  # live group id -> its children
         self._pending: list[Request] = []  # ended outside a step (abort); reported by the next step
+        self._beams: dict[str, BeamGroup] = {}  # live beam searches by request id
+        self.beam_outputs: dict[str, BeamSearchOutput] = {}  # finished beam searches, until collected
         self._start = time.perf_counter()
 
     @property
@@ -99,9 +102,35 @@ class LLMEngine:
         self.output_processor.add_group(children)
         self._requests[request_id] = children
 
+    def add_beam_request(self, request_id: str, prompt, params: BeamSearchParams) -> None:
+        """Queue a beam search (stage 3+); its result lands in `beam_outputs[request_id]`."""
+        if not getattr(self.scheduler, "supports_beam_search", False):
+            raise ValueError(
+                f"beam_search: needs copy-on-write (stage 3, cow) or later; this engine is stage {self.config.stage}"
+            )
+        if request_id in self._requests or request_id in self._beams:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        text, token_ids = check_prompt(prompt, self.tokenizer, self.model_config.vocab_size, self.config.max_model_len)
+        steps = max_output_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
+        sampling = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=2 * params.beam_width)
+        first = Request(
+            f"{request_id}-beam0",
+            token_ids,
+            sampling,
+            steps,
+            self.model_config.eos_token_ids,
+            time.perf_counter() - self._start,
+            parent_id=request_id,
+            prompt=text,
+        )
+        self.scheduler.check_admissible([first] * params.beam_width)
+        self._beams[request_id] = BeamGroup(request_id, params, [first], steps)
+        self.scheduler.add_beam_group(self._beams[request_id])
+
     def abort_request(self, request_id: str) -> None:
         """End a request (all its children) now and free its KV; the next step() reports it."""
-        children = self._requests.get(request_id, [])
+        beams = self._beams.get(request_id)
+        children = beams.live if beams is not None else self._requests.get(request_id, [])
         ended = self.scheduler.finish_requests([c.request_id for c in children], RequestStatus.FINISHED_ABORTED)
         self._pending.extend(ended)
 
@@ -134,13 +163,25 @@ class LLMEngine:
             r.first_token_time = r.first_token_time or now
             if r.status.is_finished():
                 r.finished_time = now
-        touched, self._pending = self._pending + updated, []
+        aborted = [r for r in self._pending if r.group_id not in self._beams]  # beams report via beam_outputs
+        touched, self._pending = aborted + updated, []
+        self._collect_beams()
         self._update_stats(scheduler_output, updated, snapshot)
         outputs = self.output_processor.make_outputs(touched)
         for out in outputs:
             if out.finished:
                 self._requests.pop(out.request_id, None)
         return outputs
+
+    def _collect_beams(self) -> None:
+        groups = getattr(self.scheduler, "finished_beam_groups", None)
+        for group in groups or ():
+            best = group.best(self.model_config.eos_token_ids)
+            best = self.output_processor.with_text(best, group.num_prompt_tokens)
+            self.beam_outputs[group.request_id] = BeamSearchOutput(best)
+            self._beams.pop(group.request_id, None)
+        if groups:
+            groups.clear()
 
     def _update_stats(self, scheduler_output, updated: list[Request], snapshot: StepTrace | None) -> None:
         s = self.stats

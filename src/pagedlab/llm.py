@@ -54,10 +54,18 @@ class LLM:
             self.engine.add_request(rid, prompt, p, priority=prio, cache_salt=cache_salt)
         return self._run(ids, use_tqdm)
 
-    def beam_search(self, prompts, params: BeamSearchParams) -> list[BeamSearchOutput]:
-        raise ValueError(
-            f"beam_search: needs copy-on-write (stage 3, cow) or later; this engine is stage {self.engine.config.stage}"
-        )
+    def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: one BeamSearchOutput per prompt, best sequences first."""
+        prompts = _as_prompt_list(prompts)
+        ids = [f"beam-{next(self._ids)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts):
+            self.engine.add_beam_request(rid, prompt, params)
+        with tqdm(total=len(ids), desc="beam_search", disable=not use_tqdm, unit="req") as bar:
+            while not all(i in self.engine.beam_outputs for i in ids):
+                self.engine.step()
+                bar.n = sum(i in self.engine.beam_outputs for i in ids)
+                bar.refresh()
+        return [self.engine.beam_outputs.pop(i) for i in ids]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

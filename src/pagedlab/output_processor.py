@@ -13,7 +13,7 @@ it stay in `token_ids`.
 from __future__ import annotations
 
 from pagedlab.model.tokenizer import Tokenizer
-from pagedlab.outputs import CompletionOutput, RequestOutput
+from pagedlab.outputs import BeamSearchSequence, CompletionOutput, RequestOutput
 from pagedlab.request import Request
 
 
@@ -49,6 +49,12 @@ class OutputProcessor:
                 for child in self.groups.pop(out.request_id):
                     self.stopped_text.pop(child.request_id, None)
         return outputs
+
+    def with_text(self, beams: list[BeamSearchSequence], num_prompt_tokens: int) -> list[BeamSearchSequence]:
+        """Fill each finished beam's text: its output tokens decoded (EOS left out)."""
+        for beam in beams:
+            beam.text = self.tokenizer.decode(beam.tokens[num_prompt_tokens:]) if self.tokenizer else None
+        return beams
 
     def _output(self, group_id: str) -> RequestOutput:
         children = self.groups[group_id]

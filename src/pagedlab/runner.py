@@ -133,6 +133,8 @@ class ModelRunner:
         return block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
 
     def _sample(self, logits: torch.Tensor, requests) -> ModelRunnerOutput:
+        if not requests:  # e.g. a prefill chunk that does not reach the end of its prompt
+            return ModelRunnerOutput()
         params = [r.sampling_params for r in requests]
         tokens = sample(
             logits, params, [r.seed for r in requests], [r.num_output_tokens for r in requests], self.generator

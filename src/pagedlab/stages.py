@@ -16,7 +16,9 @@ from pagedlab.attention.contiguous import ContiguousAttention
 from pagedlab.attention.paged import PagedAttention
 from pagedlab.config import STAGE_NAMES, parse_stage
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
+from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
+from pagedlab.sched.cow import CowScheduler
 from pagedlab.sched.static import StaticScheduler
 
 
@@ -41,7 +43,10 @@ STAGES: dict[int, StagePreset] = {
         StaticScheduler,
         ContiguousAttention,
         "How much reserved KV memory is wasted?",
-        ("the paper's contiguous pre-allocation and its Orca baselines (Kwon et al. 2023, §3.1, §6.1, Fig. 2)", "vllm/v1/worker/gpu_model_runner.py"),
+        (
+            "the paper's contiguous pre-allocation and its Orca baselines (Kwon et al. 2023, §3.1, §6.1, Fig. 2)",
+            "vllm/v1/worker/gpu_model_runner.py",
+        ),
     ),
     2: StagePreset(
         2,
@@ -55,6 +60,20 @@ STAGES: dict[int, StagePreset] = {
             "vllm/v1/core/kv_cache_utils.py (FreeKVCacheBlockQueue)",
             "vllm/v1/core/kv_cache_manager.py",
             "vllm/v1/worker/block_table.py",
+        ),
+    ),
+    3: StagePreset(
+        3,
+        STAGE_NAMES[3],
+        CowKVCacheManager,
+        CowScheduler,
+        PagedAttention,
+        "What do n>1 sampling and beam search cost with sharing?",
+        (
+            "vllm/core/block_manager.py (v0: fork, copy-on-write)",
+            "vllm/core/block/cpu_gpu_block_allocator.py",
+            "vllm/beam_search.py",
+            "LLM.beam_search in vllm/entrypoints/llm.py",
         ),
     ),
 }

@@ -39,6 +39,8 @@ class StaticScheduler:
     """Invariants: len(running) <= max_num_seqs; a step's tokens <= max_num_batched_tokens;
     nothing is admitted while a batch is running."""
 
+    supports_beam_search = False  # beams need fork / copy-on-write (stage 3)
+
     def __init__(self, config: EngineConfig, kv_manager):
         self.config = config
         self.kv = kv_manager
@@ -75,33 +77,49 @@ class StaticScheduler:
         self.finished_req_ids = set()
         if not self.running:
             self._admit_batch()
-        for request in self.running:
-            num_new = request.num_tokens - request.num_computed_tokens
-            assert self.kv.allocate_slots(request, num_new) is not None, "worst-case admission guarantees room"
-            update = self.kv.table_update(request)
-            if update is not None:
-                out.new_block_ids[request.request_id] = update
-            out.scheduled.append(request)
-            out.num_scheduled_tokens.append(num_new)
+        for request in list(self.running):
+            num_new = self._num_new_tokens(request)
+            if num_new > 0:
+                self._schedule_request(request, num_new, out)
         out.block_copies = self.kv.take_block_copies()
         return out
 
+    def _schedule_request(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
+        assert self.kv.allocate_slots(request, num_new) is not None, "worst-case admission guarantees room"
+        update = self.kv.table_update(request)
+        if update is not None:
+            out.new_block_ids[request.request_id] = update
+        out.scheduled.append(request)
+        out.num_scheduled_tokens.append(num_new)
+
     def _admit_batch(self) -> None:
+        """Admit groups FCFS while the batch's worst case (every seat, every block) still fits."""
         budget = self.config.max_num_batched_tokens
+        admitted: list[Request] = []  # worst case of the batch so far (a beam group counts beam_width times)
         while self.waiting:
             group = self._next_group()
+            worst = self._worst_case(group)
             tokens = sum(r.num_tokens - r.num_computed_tokens for r in group)
-            if len(self.running) + len(group) > self.config.max_num_seqs or tokens > budget:
+            if len(admitted) + len(worst) > self.config.max_num_seqs or tokens > budget:
                 break
-            if not self.kv.can_admit(group, self.running):
+            if not self.kv.can_admit(worst, admitted):
                 break
             for request in group:
                 self.waiting.popleft()
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
+            admitted += worst
             budget -= tokens
 
     # END SOLUTION
+
+    def _num_new_tokens(self, request: Request) -> int:
+        """Static batching feeds every running request all its known tokens (the prompt, then 1)."""
+        return request.num_tokens - request.num_computed_tokens
+
+    def _worst_case(self, group: list[Request]) -> list[Request]:
+        """The requests a group may grow into; admission reserves for all of them."""
+        return group
 
     def _next_group(self) -> list[Request]:
         """The first waiting request and its siblings (an n > 1 request is admitted as one unit)."""

@@ -1,0 +1,74 @@
+"""Stage 3: reference counting and copy-on-write: several block tables share one physical block.
+
+Builds on: kv/paged.py (block tables), kv/block_pool.py (ref_cnt, free at zero).
+Read with: chapters/03-copy-on-write.md.
+
+`fork(parent, child)` gives the child the parent's block table; every block's
+ref_cnt goes up by one and nothing is copied. The first time a request writes
+into a block that someone else also holds, it gets a private copy first:
+
+    before:  parent [7] [3]    child [7] [3]      ref_cnt: 7 -> 2, 3 -> 2
+    child appends a token into block 3 (ref_cnt 2 > 1): copy-on-write
+    after:   parent [7] [3]    child [7] [9]      copy 3 -> 9; ref_cnt: 7 -> 2, 3 -> 1, 9 -> 1
+
+Only the block that receives a request's first new token can be shared and
+partly filled: after a fork, tables cover exactly the computed tokens. The
+copies travel in the scheduler output and the runner applies them to every
+layer before the forward pass. vLLM v0: vllm/core/block_manager.py,
+vllm/core/block/cpu_gpu_block_allocator.py (copy-on-write), vllm/core/block/naive_block.py.
+"""
+
+from __future__ import annotations
+
+from pagedlab.kv.paged import PagedKVCacheManager, cdiv
+from pagedlab.request import Request
+
+
+class CowKVCacheManager(PagedKVCacheManager):
+    """Invariant (inherited check): a block's ref_cnt equals the number of block tables holding it."""
+
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
+        super().__init__(num_kv_blocks, block_size, max_model_len)
+        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies for this step
+
+    # BEGIN SOLUTION
+    # TASK: fork (share every block, ref_cnt + 1) and copy-on-write before writing into a shared block.
+    def fork(self, parent: Request, child: Request) -> None:
+        """The child starts with the parent's block table; every block gains one reference."""
+        blocks = self.req_to_blocks.get(parent.request_id, [])
+        for block in blocks:
+            block.ref_cnt += 1
+        self.req_to_blocks[child.request_id] = list(blocks)
+        self.num_synced[child.request_id] = 0
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """As stage 2, but a shared block about to be written is first replaced by a private copy."""
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        first = request.num_computed_tokens // self.block_size  # block receiving the first new token
+        shared = first < len(blocks) and blocks[first].ref_cnt > 1
+        assert not shared or first == len(blocks) - 1, "only a table's last block can be shared and written"
+        appended = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
+        if max(0, appended) + shared > self.pool.num_free:
+            return None
+        copied = [self._copy_on_write(request, first)] if shared else []
+        return copied + super().allocate_slots(request, num_new_tokens)
+
+    def _copy_on_write(self, request: Request, index: int) -> int:
+        blocks = self.req_to_blocks[request.request_id]
+        old = blocks[index]
+        (new,) = self.pool.allocate(1)
+        self.pool.free([old])  # drops this table's reference only; the other holders keep it
+        blocks[index] = new
+        self.pending_copies.append((old.block_id, new.block_id))
+        self.num_synced[request.request_id] = min(self.num_synced.get(request.request_id, 0), index)
+        return new.block_id
+
+    # END SOLUTION
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def num_table_blocks(self) -> int:
+        """Blocks the live requests would hold without sharing (each table counted whole)."""
+        return sum(len(blocks) for blocks in self.req_to_blocks.values())

@@ -1,0 +1,117 @@
+"""Stage 3: static batching over shared blocks: parallel sampling (n > 1) and beam search.
+
+Builds on: sched/static.py, kv/cow.py (fork, copy-on-write), sched/beam.py.
+Read with: chapters/03-copy-on-write.md.
+
+Parallel sampling. The n children of a request have the same prompt, so the
+first child (the leader) prefills it once, all but its last token; then the
+others fork from it and every child feeds that last token itself and samples
+its own first output token with its own seed:
+
+    step 1   leader: prompt[0 : p-1]            (one prefill)
+    step 2   fork -> every child feeds prompt[p-1], samples token 0 (CoW of the partly filled block)
+    step 3+  each child decodes on its own, sharing every full prompt block
+
+Beam search (as vLLM v0 ran it, on top of fork / CoW) is delegated to
+`BeamGroup` in sched/beam.py; this scheduler routes each step's logprobs to it
+and admits the group by its worst case, beam_width full requests.
+"""
+
+from __future__ import annotations
+
+from pagedlab.request import Request
+from pagedlab.sched.beam import BeamGroup
+from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
+from pagedlab.sched.static import StaticScheduler
+
+
+class CowScheduler(StaticScheduler):
+    supports_beam_search = True
+
+    def __init__(self, config, kv_manager):
+        super().__init__(config, kv_manager)
+        self.families: dict[str, list[Request]] = {}  # n > 1 group id -> its children, leader first
+        self.beam_groups: dict[str, BeamGroup] = {}  # group id -> live beam search
+        self.finished_beam_groups: list[BeamGroup] = []  # ended since the engine last looked
+
+    def add_request(self, group: list[Request]) -> None:
+        if len(group) > 1:
+            self.families[group[0].group_id] = group
+        super().add_request(group)
+
+    def add_beam_group(self, beam_group: BeamGroup) -> None:
+        self.beam_groups[beam_group.request_id] = beam_group
+        super().add_request(beam_group.live)
+
+    # BEGIN SOLUTION
+    # TASK: parallel sampling over shared blocks: the leader prefills once, the others fork from it.
+    def _num_new_tokens(self, request: Request) -> int:
+        family = self.families.get(request.group_id)
+        shared = request.num_prompt_tokens - 1
+        if family is None or shared == 0:
+            return super()._num_new_tokens(request)
+        leader, followers = family[0], family[1:]
+        if request is leader and leader.num_computed_tokens < shared:
+            return shared - leader.num_computed_tokens  # the one shared prefill
+        if request is leader and any(f.num_computed_tokens == 0 for f in followers):
+            for follower in followers:  # fork before anyone writes, so blocks are shared, not copied
+                if follower.num_computed_tokens == 0 and not follower.status.is_finished():
+                    self.kv.fork(leader, follower)
+                    follower.num_computed_tokens = shared
+        if request is not leader and request.num_computed_tokens == 0:
+            return 0  # waits for the leader's prefill
+        return super()._num_new_tokens(request)
+
+    # END SOLUTION
+
+    def _worst_case(self, group: list[Request]) -> list[Request]:
+        beams = self.beam_groups.get(group[0].group_id)
+        return group * beams.width if beams is not None else group
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[Request]:
+        beam_ids = {r.request_id for g in self.beam_groups.values() for r in g.live}
+        plain, beams = _split(runner_output, beam_ids)
+        advanced = super().update(scheduler_output, plain)
+        for group in list(self.beam_groups.values()):
+            self._step_beams(group, beams)
+        return advanced
+
+    def _step_beams(self, group: BeamGroup, beams: dict[str, dict[int, float]]) -> None:
+        if not all(b.request_id in beams for b in group.live):
+            return  # not every live beam sampled this step
+        forks, dropped = group.step(beams, self.config.max_model_len)
+        for parent, child in forks:
+            self.kv.fork(parent, child)
+            self.running.append(child)
+        for beam in dropped:
+            self._finish(beam, beam.status)
+        if group.done:
+            del self.beam_groups[group.request_id]
+            self.finished_beam_groups.append(group)
+
+    def _finish(self, request: Request, status) -> None:
+        super()._finish(request, status)
+        family = self.families.get(request.group_id)
+        if family is not None and all(r.status.is_finished() for r in family):
+            del self.families[request.group_id]
+        beams = self.beam_groups.get(request.group_id)
+        if beams is not None and request in beams.live:  # aborted from outside
+            beams.live.remove(request)
+            if beams.done:
+                del self.beam_groups[request.group_id]
+                self.finished_beam_groups.append(beams)
+
+
+def _split(out: ModelRunnerOutput, beam_ids: set[str]) -> tuple[ModelRunnerOutput, dict[str, dict[int, float]]]:
+    """Separate ordinary samples from beams' top logprobs."""
+    plain = ModelRunnerOutput()
+    beams: dict[str, dict[int, float]] = {}
+    for i, req_id in enumerate(out.req_ids):
+        if req_id in beam_ids:
+            beams[req_id] = out.top_logprobs[i]
+        else:
+            plain.req_ids.append(req_id)
+            plain.token_ids.append(out.token_ids[i])
+            plain.logprobs.append(out.logprobs[i])
+            plain.top_logprobs.append(out.top_logprobs[i])
+    return plain, beams
