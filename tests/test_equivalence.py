@@ -22,8 +22,10 @@ PROMPTS = [
     "First Citizen:",
     "HAMLET:\nTo be, or not to be",
     "MENENIUS:\nWhat work's, my countrymen, in hand? where go you",
+    "KING RICHARD III:\nNow is the winter of our discontent",  # all blocks shared with prompt 2
+    "MENENIUS:\nWhat work's, my countrymen, in hand? where go you to",  # most blocks shared with prompt 5
 ]
-MAX_TOKENS = [40, 24, 33, 64, 8, 17]
+MAX_TOKENS = [40, 24, 33, 64, 8, 17, 20, 12]
 
 # Per stage: engine configs that must all agree with the oracle.
 STAGE_CONFIGS = {
@@ -47,6 +49,13 @@ STAGE_CONFIGS = {
         {"max_num_seqs": 6, "block_size": 1},
         {"max_num_seqs": 6, "block_size": 16},
         {"max_num_seqs": 6, "block_size": 4, "num_kv_blocks": 30},
+    ],
+    4: [
+        {"max_num_seqs": 2, "block_size": 4},  # later batches hit what earlier ones cached
+        {"max_num_seqs": 3, "block_size": 1},
+        {"max_num_seqs": 3, "block_size": 16},
+        {"max_num_seqs": 2, "block_size": 4, "num_kv_blocks": 40},  # small pool: cached blocks get evicted
+        {"max_num_seqs": 4, "block_size": 4, "enable_prefix_caching": False},
     ],
 }
 

@@ -187,6 +187,8 @@ class LLMEngine:
         s = self.stats
         s.num_generated_tokens += len(updated)
         s.peak_kv_blocks_used = max(s.peak_kv_blocks_used, self.kv_manager.num_used_blocks)
+        s.prefix_cache_queries = self.kv_manager.prefix_cache_queries
+        s.prefix_cache_hits = self.kv_manager.prefix_cache_hits
         s.kv_usage = self.kv_manager.usage
         if self.config.debug_checks:
             self.scheduler.check_invariants()

@@ -64,6 +64,7 @@ class Request:
     all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended as tokens arrive
     output_logprobs: list[float] = field(default_factory=list)  # logprob of each output token
     top_logprobs: list[dict[int, float]] = field(default_factory=list)  # when sampling_params.logprobs is set
+    block_hashes: list = field(default_factory=list)  # stage 4: chained hash of each full block, as tokens arrive
     first_token_time: float | None = None  # when the first output token was sampled
     finished_time: float | None = None  # when it finished
 

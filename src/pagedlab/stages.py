@@ -18,6 +18,7 @@ from pagedlab.config import STAGE_NAMES, parse_stage
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
+from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.sched.cow import CowScheduler
 from pagedlab.sched.static import StaticScheduler
 
@@ -74,6 +75,19 @@ STAGES: dict[int, StagePreset] = {
             "vllm/core/block/cpu_gpu_block_allocator.py",
             "vllm/beam_search.py",
             "LLM.beam_search in vllm/entrypoints/llm.py",
+        ),
+    ),
+    4: StagePreset(
+        4,
+        STAGE_NAMES[4],
+        PrefixCachingKVCacheManager,
+        CowScheduler,
+        PagedAttention,
+        "How much prefill does a shared prefix save?",
+        (
+            "vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH)",
+            "vllm/v1/core/block_pool.py (cached_block_hash_to_block, touch)",
+            "vllm/v1/core/kv_cache_manager.py (get_computed_blocks)",
         ),
     ),
 }

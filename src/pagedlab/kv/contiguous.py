@@ -29,6 +29,9 @@ from pagedlab.request import Request
 class ContiguousKVCacheManager:
     """Reserves one region of `region_size` blocks per request; first fit (lowest free region)."""
 
+    prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
+    prefix_cache_hits = 0  # of those, tokens found cached
+
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
@@ -87,6 +90,9 @@ class ContiguousKVCacheManager:
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         return []  # regions are never shared
+
+    def lookup_prefix(self, request: Request) -> int:
+        return 0  # no prefix cache: every prompt token is computed
 
     def get_block_ids(self, request: Request) -> list[int]:
         region = self.region_of.get(request.request_id)

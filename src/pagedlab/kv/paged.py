@@ -32,6 +32,9 @@ def cdiv(a: int, b: int) -> int:
 class PagedKVCacheManager:
     """Invariant: every block with ref_cnt > 0 appears in exactly ref_cnt block tables."""
 
+    prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
+    prefix_cache_hits = 0  # of those, tokens found cached
+
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
@@ -75,6 +78,9 @@ class PagedKVCacheManager:
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         return []  # nothing is shared before stage 3
+
+    def lookup_prefix(self, request: Request) -> int:
+        return 0  # no prefix cache before stage 4: every prompt token is computed
 
     def max_blocks(self, request: Request) -> int:
         """Worst case: every token but the last sampled one gets K/V (the last is never fed back)."""

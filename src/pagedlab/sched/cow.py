@@ -64,6 +64,12 @@ class CowScheduler(StaticScheduler):
 
     # END SOLUTION
 
+    def _prefix_hit_tokens(self, request: Request) -> int:
+        family = self.families.get(request.group_id)
+        if family is not None and request is not family[0]:
+            return 0  # followers fork from the leader instead of looking up the cache
+        return super()._prefix_hit_tokens(request)
+
     def _worst_case(self, group: list[Request]) -> list[Request]:
         beams = self.beam_groups.get(group[0].group_id)
         return group * beams.width if beams is not None else group

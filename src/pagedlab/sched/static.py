@@ -106,12 +106,20 @@ class StaticScheduler:
                 break
             for request in group:
                 self.waiting.popleft()
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
+                self._admit(request)
             admitted += worst
             budget -= tokens
 
     # END SOLUTION
+
+    def _admit(self, request: Request) -> None:
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        request.num_computed_tokens = self._prefix_hit_tokens(request)
+
+    def _prefix_hit_tokens(self, request: Request) -> int:
+        """Tokens whose K/V the prefix cache already holds (stage 4); 0 before."""
+        return self.kv.lookup_prefix(request)
 
     def _num_new_tokens(self, request: Request) -> int:
         """Static batching feeds every running request all its known tokens (the prompt, then 1)."""

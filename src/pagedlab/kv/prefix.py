@@ -1,0 +1,172 @@
+"""Stage 4: automatic prefix caching: full blocks stay findable by hash, even after they are freed.
+
+Builds on: kv/cow.py (sharing, fork, CoW), kv/block_pool.py (free queue), kv/hashing.py.
+Read with: chapters/04-prefix-caching.md.
+
+A block that becomes full is registered under its chained hash. When its
+last holder frees it, it goes back to the free queue *keeping* its hash: it
+is free (evictable) and cached at once. A later request whose prompt starts
+with the same blocks finds them by hash and `touch`es them (ref_cnt + 1,
+out of the free queue) instead of recomputing them:
+
+    free queue:  head <-> [b4 | hash] <-> [b9] <-> [b2 | hash] <-> tail
+                 allocation pops the head and evicts its hash; a hit on b2 removes it from the middle
+
+Freed tail-first, a request's last blocks sit nearer the head than its
+first ones, so the LRU order evicts the tail of a chain before its head,
+which keeps the shared beginnings of prompts cached longest.
+vLLM: vllm/v1/core/block_pool.py (cached_block_hash_to_block, touch, cache_full_blocks),
+vllm/v1/core/kv_cache_manager.py (get_computed_blocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
+from pagedlab.kv.cow import CowKVCacheManager
+from pagedlab.kv.hashing import make_none_hash, update_block_hashes
+from pagedlab.request import Request
+
+
+class CachingBlockPool(BlockPool):
+    """Invariant: block_hash -> block maps exactly the blocks whose block_hash is set."""
+
+    def __init__(self, num_blocks: int):
+        super().__init__(num_blocks)
+        self.cached_block_hash_to_block: dict = {}  # block_hash -> the block holding that prefix
+
+    # BEGIN SOLUTION
+    # TASK: the cache's block pool: register full blocks, touch hits, evict a cached block when it is reused.
+    def get_cached_block(self, block_hash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def cache_full_block(self, block: KVCacheBlock, block_hash) -> bool:
+        """Register a just-filled block; False if another block already holds this prefix."""
+        if block_hash in self.cached_block_hash_to_block:
+            return False  # computed twice in one step: keep the first, this one stays uncached
+        block.block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block
+        return True
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A cache hit: one more holder; a free cached block leaves the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def allocate(self, n: int) -> list[KVCacheBlock]:
+        blocks = super().allocate(n)
+        for block in blocks:
+            self._evict(block)
+        return blocks
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        """The block is being reused for other tokens: it no longer holds its cached prefix."""
+        if block.block_hash is not None:
+            del self.cached_block_hash_to_block[block.block_hash]
+            block.block_hash = None
+
+    # END SOLUTION
+
+    @property
+    def num_cached_free(self) -> int:
+        return sum(1 for b in self.cached_block_hash_to_block.values() if b.ref_cnt == 0)
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        for block_hash, block in self.cached_block_hash_to_block.items():
+            assert block.block_hash == block_hash, f"{block} is mapped under a hash it does not carry"
+        carrying = sum(1 for b in self.blocks if b.block_hash is not None)
+        assert carrying == len(self.cached_block_hash_to_block), "a block carries a hash the cache forgot"
+
+
+class PrefixCachingKVCacheManager(CowKVCacheManager):
+    """Stage 3's manager over a caching pool. Counts prefix-cache queries and hits in tokens."""
+
+    def __init__(
+        self,
+        num_kv_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        hash_seed: int = 0,
+        hash_algo: str = "sha256",
+    ):
+        super().__init__(num_kv_blocks, block_size, max_model_len)
+        self.pool = CachingBlockPool(num_kv_blocks)
+        self.enable_caching = enable_caching
+        self.none_hash = make_none_hash(hash_seed)
+        self.hash_algo = hash_algo
+        self.num_cached_blocks: dict[str, int] = {}  # request_id -> leading blocks already registered
+
+    @classmethod
+    def from_config(cls, config) -> PrefixCachingKVCacheManager:
+        return cls(
+            config.num_kv_blocks,
+            config.block_size,
+            config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            hash_seed=config.seed,
+        )
+
+    # BEGIN SOLUTION
+    # TASK: lookup: the longest run of cached full blocks, leaving at least the last token to compute.
+    def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
+        if not self.enable_caching:
+            return []
+        update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
+        limit = (request.num_tokens - 1) // self.block_size  # the last token's logits are needed
+        hits = []
+        for block_hash in request.block_hashes[:limit]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def lookup_prefix(self, request: Request) -> int:
+        """Start a request's table with its cached prefix; returns the tokens that need no compute."""
+        hits = self.get_computed_blocks(request)
+        self.pool.touch(hits)
+        self.req_to_blocks[request.request_id] = list(hits)
+        self.num_cached_blocks[request.request_id] = len(hits)
+        if self.enable_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += len(hits) * self.block_size
+        return len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        new_blocks = super().allocate_slots(request, num_new_tokens)
+        if new_blocks is not None and self.enable_caching:
+            self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Register the blocks this step fills (their K/V is written by this step's forward pass)."""
+        update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
+        blocks = self.req_to_blocks[request.request_id]
+        start = self.num_cached_blocks.get(request.request_id, 0)
+        end = num_tokens // self.block_size
+        for i in range(start, end):
+            self.pool.cache_full_block(blocks[i], request.block_hashes[i])
+        self.num_cached_blocks[request.request_id] = max(start, end)
+
+    # END SOLUTION
+
+    def can_admit(self, group: list[Request], running: list[Request]) -> bool:
+        """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue."""
+        promised = sum(self.max_blocks(r) - len(self.req_to_blocks.get(r.request_id, ())) for r in running)
+        hits = {id(b): b for r in group for b in self.get_computed_blocks(r)}
+        need = sum(self.max_blocks(r) for r in group) - len(hits)
+        revived = sum(1 for b in hits.values() if b.ref_cnt == 0)
+        return need + revived <= self.pool.num_free - promised
+
+    def fork(self, parent: Request, child: Request) -> None:
+        super().fork(parent, child)
+        self.num_cached_blocks[child.request_id] = self.num_cached_blocks.get(parent.request_id, 0)
+
+    def free(self, request: Request) -> None:
+        self.num_cached_blocks.pop(request.request_id, None)
+        super().free(request)
