@@ -57,6 +57,20 @@ STAGE_CONFIGS = {
         {"max_num_seqs": 2, "block_size": 4, "num_kv_blocks": 40},  # small pool: cached blocks get evicted
         {"max_num_seqs": 4, "block_size": 4, "enable_prefix_caching": False},
     ],
+    5: [
+        {"max_num_seqs": 8},
+        {"max_num_seqs": 8, "long_prefill_token_threshold": 1, "max_num_batched_tokens": 16},
+        {"max_num_seqs": 8, "long_prefill_token_threshold": 7, "block_size": 4},
+        {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24},  # tight: preempts by recompute
+        {
+            "max_num_seqs": 8,
+            "block_size": 4,
+            "num_kv_blocks": 24,
+            "long_prefill_token_threshold": 7,
+            "enable_prefix_caching": False,
+        },
+        {"max_num_seqs": 3, "block_size": 2, "num_kv_blocks": 48, "max_num_batched_tokens": 8},
+    ],
 }
 
 

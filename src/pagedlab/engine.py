@@ -189,6 +189,7 @@ class LLMEngine:
         s.peak_kv_blocks_used = max(s.peak_kv_blocks_used, self.kv_manager.num_used_blocks)
         s.prefix_cache_queries = self.kv_manager.prefix_cache_queries
         s.prefix_cache_hits = self.kv_manager.prefix_cache_hits
+        s.num_preemptions = self.scheduler.num_preemptions
         s.kv_usage = self.kv_manager.usage
         if self.config.debug_checks:
             self.scheduler.check_invariants()

@@ -19,6 +19,7 @@ from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.cow import CowScheduler
 from pagedlab.sched.static import StaticScheduler
 
@@ -88,6 +89,19 @@ STAGES: dict[int, StagePreset] = {
             "vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH)",
             "vllm/v1/core/block_pool.py (cached_block_hash_to_block, touch)",
             "vllm/v1/core/kv_cache_manager.py (get_computed_blocks)",
+        ),
+    ),
+    5: StagePreset(
+        5,
+        STAGE_NAMES[5],
+        PrefixCachingKVCacheManager,
+        ContinuousScheduler,
+        PagedAttention,
+        "Throughput and latency vs static batching?",
+        (
+            "vllm/v1/core/sched/scheduler.py (schedule, _preempt_request)",
+            "vllm/v1/core/sched/request_queue.py",
+            "vllm/v1/request.py (RequestStatus)",
         ),
     ),
 }

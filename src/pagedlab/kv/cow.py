@@ -65,6 +65,12 @@ class CowKVCacheManager(PagedKVCacheManager):
 
     # END SOLUTION
 
+    def free(self, request: Request) -> None:
+        """As stage 2; a copy into a block this request no longer holds is dropped too."""
+        mine = {b.block_id for b in self.req_to_blocks.get(request.request_id, ())}
+        self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in mine]
+        super().free(request)
+
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

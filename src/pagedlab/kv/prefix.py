@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.hashing import make_none_hash, update_block_hashes
+from pagedlab.kv.paged import cdiv
 from pagedlab.request import Request
 
 
@@ -128,7 +129,10 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
 
     def lookup_prefix(self, request: Request) -> int:
         """Start a request's table with its cached prefix; returns the tokens that need no compute."""
-        hits = self.get_computed_blocks(request)
+        return self.take_hits(request, self.get_computed_blocks(request))
+
+    def take_hits(self, request: Request, hits: list[KVCacheBlock]) -> int:
+        """Start the table with `hits` (from get_computed_blocks); count the query; return hit tokens."""
         self.pool.touch(hits)
         self.req_to_blocks[request.request_id] = list(hits)
         self.num_cached_blocks[request.request_id] = len(hits)
@@ -162,6 +166,12 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         need = sum(self.max_blocks(r) for r in group) - len(hits)
         revived = sum(1 for b in hits.values() if b.ref_cnt == 0)
         return need + revived <= self.pool.num_free - promised
+
+    def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int) -> int:
+        """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives."""
+        hit_tokens = len(hits) * self.block_size
+        new = cdiv(hit_tokens + num_new_tokens, self.block_size) - len(hits)
+        return new + sum(1 for b in hits if b.ref_cnt == 0)
 
     def fork(self, parent: Request, child: Request) -> None:
         super().fork(parent, child)

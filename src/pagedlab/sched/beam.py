@@ -38,6 +38,7 @@ class BeamGroup:
     steps: int = 0  # expansion steps done
     num_beams_made: int = 1  # ids handed out so far ("{request_id}-beam{k}")
     num_prompt_tokens: int = 0  # set from the first beam
+    pending: dict = field(default_factory=dict)  # beam id -> top logprobs sampled, until every live beam has them
 
     def __post_init__(self):
         self.num_prompt_tokens = self.live[0].num_prompt_tokens

@@ -31,6 +31,7 @@ class CowScheduler(StaticScheduler):
     def __init__(self, config, kv_manager):
         super().__init__(config, kv_manager)
         self.families: dict[str, list[Request]] = {}  # n > 1 group id -> its children, leader first
+        self.forked: set[str] = set()  # followers already forked from their leader (on their own since)
         self.beam_groups: dict[str, BeamGroup] = {}  # group id -> live beam search
         self.finished_beam_groups: list[BeamGroup] = []  # ended since the engine last looked
 
@@ -48,25 +49,25 @@ class CowScheduler(StaticScheduler):
     def _num_new_tokens(self, request: Request) -> int:
         family = self.families.get(request.group_id)
         shared = request.num_prompt_tokens - 1
-        if family is None or shared == 0:
-            return super()._num_new_tokens(request)
-        leader, followers = family[0], family[1:]
-        if request is leader and leader.num_computed_tokens < shared:
+        if family is None or shared == 0 or request.request_id in self.forked:
+            return super()._num_new_tokens(request)  # on its own (a forked child is, from then on)
+        leader = family[0]
+        if request is not leader:
+            return 0  # waits for the leader's prefill, then is forked from it
+        if leader.num_computed_tokens < shared:
             return shared - leader.num_computed_tokens  # the one shared prefill
-        if request is leader and any(f.num_computed_tokens == 0 for f in followers):
-            for follower in followers:  # fork before anyone writes, so blocks are shared, not copied
-                if follower.num_computed_tokens == 0 and not follower.status.is_finished():
-                    self.kv.fork(leader, follower)
-                    follower.num_computed_tokens = shared
-        if request is not leader and request.num_computed_tokens == 0:
-            return 0  # waits for the leader's prefill
-        return super()._num_new_tokens(request)
+        for follower in family[1:]:  # fork before anyone writes, so blocks are shared, not copied
+            if follower.request_id not in self.forked and not follower.status.is_finished():
+                self.kv.fork(leader, follower)
+                follower.num_computed_tokens = shared
+                self.forked.add(follower.request_id)
+        return super()._num_new_tokens(leader)
 
     # END SOLUTION
 
     def _prefix_hit_tokens(self, request: Request) -> int:
         family = self.families.get(request.group_id)
-        if family is not None and request is not family[0]:
+        if family is not None and request is not family[0] and request.request_id not in self.forked:
             return 0  # followers fork from the leader instead of looking up the cache
         return super()._prefix_hit_tokens(request)
 
@@ -83,9 +84,12 @@ class CowScheduler(StaticScheduler):
         return advanced
 
     def _step_beams(self, group: BeamGroup, beams: dict[str, dict[int, float]]) -> None:
-        if not all(b.request_id in beams for b in group.live):
-            return  # not every live beam sampled this step
-        forks, dropped = group.step(beams, self.config.max_model_len)
+        live = {b.request_id for b in group.live}
+        group.pending.update({req_id: top for req_id, top in beams.items() if req_id in live})
+        if not live <= group.pending.keys():
+            return  # some live beam has not sampled yet (a later stage may split them across steps)
+        top, group.pending = group.pending, {}
+        forks, dropped = group.step(top, self.config.max_model_len)
         for parent, child in forks:
             self.kv.fork(parent, child)
             self.running.append(child)
@@ -100,6 +104,7 @@ class CowScheduler(StaticScheduler):
         family = self.families.get(request.group_id)
         if family is not None and all(r.status.is_finished() for r in family):
             del self.families[request.group_id]
+            self.forked.difference_update(r.request_id for r in family)
         beams = self.beam_groups.get(request.group_id)
         if beams is not None and request in beams.live:  # aborted from outside
             beams.live.remove(request)

@@ -40,6 +40,7 @@ class StaticScheduler:
     nothing is admitted while a batch is running."""
 
     supports_beam_search = False  # beams need fork / copy-on-write (stage 3)
+    num_preemptions = 0  # static admission never preempts (stage 5 does)
 
     def __init__(self, config: EngineConfig, kv_manager):
         self.config = config

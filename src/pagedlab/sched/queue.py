@@ -1,0 +1,97 @@
+"""Stage 5: the waiting queue, as groups: FCFS (a deque) or priority (a heap).
+
+Builds on: request.py.
+Read with: chapters/05-continuous-batching.md.
+
+An entry is a group: a request, the n children of an n > 1 request, or the
+beams of a beam search, which are admitted and preempted as one unit.
+Iterating the queue yields requests, in queue order.
+vLLM: vllm/v1/core/sched/request_queue.py (FCFSRequestQueue, PriorityRequestQueue).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+
+from pagedlab.request import Request
+
+
+class FCFSQueue:
+    """First come, first served; a preempted group goes back to the front."""
+
+    def __init__(self):
+        self._groups: deque[list[Request]] = deque()
+
+    def add(self, group: list[Request]) -> None:
+        self._groups.append(group)
+
+    def add_preempted(self, group: list[Request]) -> None:
+        self._groups.appendleft(group)
+
+    def peek(self) -> list[Request]:
+        return self._groups[0]
+
+    def pop(self) -> list[Request]:
+        return self._groups.popleft()
+
+    def remove(self, request: Request) -> None:
+        for group in self._groups:
+            if request in group:
+                group.remove(request)
+                if not group:
+                    self._groups.remove(group)
+                return
+
+    def __iter__(self):
+        return (r for group in list(self._groups) for r in group)
+
+    def __contains__(self, request: Request) -> bool:
+        return any(request in group for group in self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
+class PriorityQueue(FCFSQueue):
+    """Lowest (priority, arrival_time) first; ties keep insertion order. A preempted group is re-queued
+    by the same key, so it runs again as soon as nothing more urgent waits."""
+
+    def __init__(self):
+        self._heap: list = []  # (priority, arrival_time, seq, group)
+        self._seq = itertools.count()
+
+    def add(self, group: list[Request]) -> None:
+        first = group[0]
+        heapq.heappush(self._heap, (first.priority, first.arrival_time, next(self._seq), group))
+
+    add_preempted = add
+
+    def peek(self) -> list[Request]:
+        return self._heap[0][3]
+
+    def pop(self) -> list[Request]:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        for i, entry in enumerate(self._heap):
+            if request in entry[3]:
+                entry[3].remove(request)
+                if not entry[3]:
+                    self._heap.pop(i)
+                    heapq.heapify(self._heap)
+                return
+
+    def __iter__(self):
+        return (r for *_, group in sorted(self._heap, key=lambda e: e[:3]) for r in group)
+
+    def __contains__(self, request: Request) -> bool:
+        return any(request in entry[3] for entry in self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def make_queue(policy: str) -> FCFSQueue:
+    return PriorityQueue() if policy == "priority" else FCFSQueue()

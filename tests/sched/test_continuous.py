@@ -1,0 +1,170 @@
+"""Stage 5: the continuous scheduler, step by step, with a fake model (no torch)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pagedlab import SamplingParams
+from pagedlab.config import EngineConfig
+from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+from pagedlab.request import Request, RequestStatus
+from pagedlab.sched.continuous import ContinuousScheduler
+from pagedlab.sched.output import ModelRunnerOutput
+
+pytestmark = pytest.mark.stage5
+
+
+def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True):
+    cfg = EngineConfig.create(
+        5,
+        256,
+        1,
+        block_size=4,
+        max_model_len=64,
+        num_kv_blocks=num_kv_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        scheduling_policy=policy,
+        enable_prefix_caching=caching,
+    )
+    return ContinuousScheduler(cfg, PrefixCachingKVCacheManager.from_config(cfg))
+
+
+def req(rid, prompt_len, max_tokens, first=2, **kw):
+    return Request(
+        rid,
+        list(range(first, first + prompt_len)),
+        SamplingParams(max_tokens=max_tokens),
+        max_tokens,
+        eos_token_ids=(1,),
+        **kw,
+    )
+
+
+def step(s, token=7):
+    """schedule -> fake model (samples `token` for every request that reached its end) -> update."""
+    so = s.schedule()
+    plan = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
+    samplers = [
+        r.request_id for r, n in zip(so.scheduled, so.num_scheduled_tokens) if r.num_computed_tokens + n == r.num_tokens
+    ]
+    s.update(so, ModelRunnerOutput(samplers, [token] * len(samplers), [-0.1] * len(samplers), [None] * len(samplers)))
+    return plan
+
+
+def test_prefill_is_chunked_by_the_budget_and_mixed_with_decodes():
+    s = make(budget=8)
+    a, b = req("a", 5, 3), req("b", 10, 3, first=50)
+    s.add_request([a])
+    s.add_request([b])
+    assert step(s) == {"a": 5, "b": 3}  # a's whole prompt, then the budget's rest for b's first chunk
+    assert a.output_token_ids == [7] and b.output_token_ids == []  # b's chunk does not reach its end
+    assert step(s) == {"a": 1, "b": 7}  # a decodes while b finishes its prefill: one mixed batch
+    assert b.output_token_ids == [7]
+    assert step(s) == {"a": 1, "b": 1}
+
+
+def test_long_prefill_threshold_caps_each_chunk():
+    s = make(budget=16, threshold=3)
+    a = req("a", 8, 2)
+    s.add_request([a])
+    assert step(s) == {"a": 3}
+    assert step(s) == {"a": 3}
+    assert step(s) == {"a": 2} and a.output_token_ids == [7]
+
+
+def test_admission_stops_at_max_num_seqs_and_resumes_as_requests_finish():
+    s = make(max_num_seqs=2, budget=64)
+    for i, n in enumerate([1, 3, 2]):
+        s.add_request([req(f"r{i}", 4, n, first=10 * i + 2)])
+    assert step(s) == {"r0": 4, "r1": 4}  # r2 waits for a seat
+    assert s.running == [s.running[0]] and s.running[0].request_id == "r1"  # r0 finished (max_tokens 1)
+    assert step(s) == {"r1": 1, "r2": 4}  # r2 takes the seat r0 left, in the same step r1 decodes
+
+
+def test_recompute_preemption_of_the_newest_request():
+    # 5 blocks of 4 slots. a and b each hold 2 blocks after prefill; growing past 8 tokens needs a third.
+    s = make(num_kv_blocks=5, budget=64)
+    a, b = req("a", 7, 10), req("b", 7, 10, first=40)
+    s.add_request([a])
+    s.add_request([b])
+    step(s)  # both prefilled: 7 tokens computed + 1 sampled each
+    assert s.kv.num_free_blocks == 1
+    assert step(s) == {"a": 1, "b": 1}  # tokens 7: still in block 1
+    plan = step(s)  # tokens 8 need block 2: a takes the last free block, b finds none
+    assert plan == {"a": 1}  # b, the newest, was preempted; nobody is admitted in that step
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert list(s.waiting) == [b] and s.num_preemptions == 1
+    assert s.kv.get_block_ids(b) == [] and len(b.output_token_ids) == 2  # its tokens are kept; KV recomputed
+    s.check_invariants()
+
+
+def test_a_preempted_request_comes_back_through_the_prefix_cache():
+    s = make(num_kv_blocks=5, budget=64)
+    a, b = req("a", 7, 4), req("b", 7, 10, first=40)
+    s.add_request([a])
+    s.add_request([b])
+    for _ in range(3):
+        step(s)  # b preempted in the third step
+    assert b.status == RequestStatus.PREEMPTED
+    while b.status != RequestStatus.RUNNING:
+        step(s)
+    assert s.kv.prefix_cache_hits >= 4  # b's first full block was still cached
+
+
+def test_an_n_group_is_admitted_and_preempted_as_one_unit():
+    s = make(num_kv_blocks=32, budget=64)
+    group = [req(f"{i}_g", 6, 4, parent_id="g", child_index=i) for i in range(3)]
+    s.add_request(group)
+    assert step(s) == {"0_g": 5}  # the leader prefills all but the last prompt token; the others wait
+    assert step(s) == {"0_g": 1, "1_g": 1, "2_g": 1}  # forked: every child feeds the last token itself
+    victims = s._victim_group()
+    assert {r.request_id for r in victims} == {"0_g", "1_g", "2_g"}
+
+
+def test_the_priority_policy_picks_the_lowest_value_first():
+    s = make(max_num_seqs=1, budget=64, policy="priority")
+    s.add_request([req("late-urgent", 3, 1, priority=-1, arrival_time=2.0)])
+    s.add_request([req("early-normal", 3, 1, priority=0, arrival_time=1.0)])
+    assert step(s) == {"late-urgent": 3}
+    assert step(s) == {"early-normal": 3}
+
+
+@given(
+    stream=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 6), st.integers(0, 3)), min_size=1, max_size=12),
+    num_kv_blocks=st.integers(6, 20),
+    budget=st.integers(4, 24),
+    threshold=st.sampled_from([0, 1, 3]),
+    max_num_seqs=st.integers(1, 4),
+    aborts=st.lists(st.integers(0, 11), max_size=3),
+    caching=st.booleans(),
+)
+def test_random_streams_keep_every_invariant(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts, caching):
+    s = make(num_kv_blocks, max(max_num_seqs, 1), max(budget, max_num_seqs), threshold, caching=caching)
+    requests = []
+    for i, (prompt_len, max_tokens, arrive_at) in enumerate(stream):
+        r = req(f"r{i}", prompt_len, max_tokens, first=2 + (i % 3))  # some prompts share prefixes
+        if s.kv.can_ever_admit([r]):
+            requests.append((arrive_at, r))
+    pending = sorted(requests, key=lambda x: x[0])
+    for t in range(400):
+        while pending and pending[0][0] <= t:
+            s.add_request([pending.pop(0)[1]])
+        if t in aborts and requests:
+            s.finish_requests([requests[t % len(requests)][1].request_id], RequestStatus.FINISHED_ABORTED)
+        so = s.schedule()
+        assert so.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
+        assert len(s.running) <= s.config.max_num_seqs
+        samplers = [
+            r.request_id
+            for r, n in zip(so.scheduled, so.num_scheduled_tokens)
+            if r.num_computed_tokens + n == r.num_tokens
+        ]
+        s.update(so, ModelRunnerOutput(samplers, [7] * len(samplers), [0.0] * len(samplers), [None] * len(samplers)))
+        s.check_invariants()
+        if not pending and not s.has_unfinished_requests():
+            break
+    assert not s.has_unfinished_requests(), "every request ends"
+    assert all(r.status.is_finished() for _, r in requests)
+    assert s.kv.num_free_blocks == num_kv_blocks, "no block leaked"
