@@ -70,6 +70,23 @@ STAGE_CONFIGS = {
             "enable_prefix_caching": False,
         },
         {"max_num_seqs": 3, "block_size": 2, "num_kv_blocks": 48, "max_num_batched_tokens": 8},
+        {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24, "preemption_mode": "swap"},
+        {
+            "max_num_seqs": 8,
+            "block_size": 4,
+            "num_kv_blocks": 24,
+            "preemption_mode": "swap",
+            "num_swap_blocks": 8,
+            "long_prefill_token_threshold": 5,
+        },  # a small swap pool: some preemptions fall back to recompute
+        {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24, "scheduling_policy": "priority"},
+        {
+            "max_num_seqs": 8,
+            "block_size": 4,
+            "num_kv_blocks": 24,
+            "scheduling_policy": "priority",
+            "preemption_mode": "swap",
+        },
     ],
 }
 
@@ -103,13 +120,16 @@ CASES = [
 def test_greedy_equals_oracle(stage, cfg):
     llm = LLM(stage=stage, debug_checks=True, **cfg)
     params = [SamplingParams(temperature=0.0, max_tokens=n) for n in MAX_TOKENS]
-    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    priority = [i % 3 for i in range(len(PROMPTS))] if cfg.get("scheduling_policy") == "priority" else None
+    outs = llm.generate(PROMPTS, params, priority=priority, use_tqdm=False)
     max_len = llm.engine.config.max_model_len
     for prompt, n, out in zip(PROMPTS, MAX_TOKENS, outs):
         expected = oracle_output(prompt, n, max_len)
         assert_matches_oracle(out.outputs[0].token_ids, expected, label=f"{prompt!r}")
         assert out.outputs[0].finish_reason == expected.finish_reason
     assert llm.engine.kv_manager.num_used_blocks == 0, "every block is free after all requests finish"
+    if cfg.get("num_kv_blocks") == 24 and stage == 5:
+        assert llm.engine.stats.num_preemptions > 0, "this pool is meant to be tight enough to preempt"
 
 
 def test_every_stage_has_equivalence_configs():

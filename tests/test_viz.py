@@ -7,8 +7,7 @@ from matplotlib.colors import to_rgba
 
 from pagedlab import LLM, SamplingParams, viz
 from pagedlab.figures import FIGURES, make_figures
-
-pytestmark = pytest.mark.stage1
+from pagedlab.stats import StepTrace
 
 MAX_TOKENS = [2, 4, 3]  # with max_num_seqs=2: batch 1 = requests 0 and 1 (4 steps), batch 2 = request 2 (3 steps)
 
@@ -23,6 +22,7 @@ def run():
     plt.close("all")
 
 
+@pytest.mark.stage1
 def test_the_tiny_run_has_the_expected_shape(run):
     trace, _ = run
     assert len(trace) == 4 + 3
@@ -30,6 +30,7 @@ def test_the_tiny_run_has_the_expected_shape(run):
     assert trace[0].waiting == ["2"] and trace[4].running == ["2"]
 
 
+@pytest.mark.stage1
 def test_reserved_vs_used_bars_are_each_requests_peak(run):
     trace, outs = run
     ax = viz.plot_reserved_vs_used(trace).axes[0]
@@ -42,6 +43,7 @@ def test_reserved_vs_used_bars_are_each_requests_peak(run):
     assert f"{viz.used_share(trace):.1%} of held slots" in ax.get_title()
 
 
+@pytest.mark.stage1
 def test_used_share_is_used_over_held_summed_over_steps(run):
     trace, _ = run
     used = sum(sum(s.kv_used.values()) for s in trace)
@@ -50,6 +52,7 @@ def test_used_share_is_used_over_held_summed_over_steps(run):
     assert viz.used_share([]) == 0.0
 
 
+@pytest.mark.stage1
 def test_kv_over_steps_stacks_used_reserved_free_under_the_capacity(run):
     trace, _ = run
     ax = viz.plot_kv_over_steps(trace, num_kv_blocks=8, block_size=16).axes[0]
@@ -66,6 +69,7 @@ def _widths(collection) -> float:
     return sum(np.ptp(path.vertices[:, 0]) for path in collection.get_paths())
 
 
+@pytest.mark.stage1
 def test_batch_timeline_has_one_bar_set_per_request_and_state(run):
     trace, _ = run
     ax = viz.plot_batch_timeline(trace).axes[0]
@@ -81,6 +85,7 @@ def test_batch_timeline_has_one_bar_set_per_request_and_state(run):
     assert by_colour[to_rgba(viz.FINISHED)] == (7 - 2) + (7 - 4)
 
 
+@pytest.mark.stage1
 def test_pool_colours_each_slot_by_the_trace(run):
     trace, _ = run
     step = trace[0]
@@ -93,11 +98,104 @@ def test_pool_colours_each_slot_by_the_trace(run):
     assert (grid[0, : step.kv_used["0"]] == 2).all() and grid[0, step.kv_used["0"]] == 1
 
 
+@pytest.mark.stage1
 def test_make_figures_writes_every_registered_png(tmp_path):
     open_before = len(plt.get_fignums())
     paths = make_figures(tmp_path / "figures")
-    assert [p.name for p in paths] == ["01_reserved_vs_used.png", "01_kv_over_steps.png", "01_batch_timeline.png"]
+    assert [p.name for p in paths] == [
+        "01_reserved_vs_used.png",
+        "01_kv_over_steps.png",
+        "01_batch_timeline.png",
+        "02_block_tables.png",
+        "02_pool_occupancy.png",
+    ]
     assert len(paths) == len(FIGURES)
     for path in paths:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     assert len(plt.get_fignums()) == open_before  # every figure closed after saving
+
+
+# --- stage 2: block tables and pool occupancy ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def paged_run():
+    """A tiny traced stage-2 run: blocks of 4 slots, 16 of them; two requests at a time, then the third."""
+    llm = LLM(stage=2, max_num_seqs=2, block_size=4, max_model_len=64, num_kv_blocks=16, record_trace=True)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 9, 5)]
+    llm.generate(["ROMEO:", "JULIET:", "HAMLET:"], params, use_tqdm=False)
+    yield llm.engine.trace
+    plt.close("all")
+
+
+def _patches(fig, prefix: str) -> dict[str, object]:
+    """gid -> patch for the block cells whose gid starts with `prefix` ("logical:" or "physical:")."""
+    return {p.get_gid(): p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith(prefix)}
+
+
+@pytest.mark.stage2
+def test_paged_run_grows_block_tables_one_block_at_a_time(paged_run):
+    for step in paged_run:
+        for rid, blocks in step.block_tables.items():
+            assert len(blocks) == -(-step.kv_used[rid] // 4)  # just enough blocks for the tokens with K/V
+
+
+@pytest.mark.stage2
+def test_block_tables_draw_one_cell_per_logical_block_labelled_with_its_physical_block(paged_run):
+    step = paged_run[4]
+    fig = viz.plot_block_tables(step, num_kv_blocks=16, block_size=4)
+    cells = _patches(fig, "logical:")
+    assert len(cells) == sum(len(blocks) for blocks in step.block_tables.values())
+    for row, (rid, blocks) in enumerate(step.block_tables.items()):
+        colour = to_rgba(viz.request_colour(row))
+        assert all(to_rgba(cells[f"logical:{rid}:{i}"].get_facecolor()) == colour for i in range(len(blocks)))
+        texts = sorted(
+            (t.get_position()[0], t.get_text()) for t in fig.axes[0].texts if t.get_position()[1] == row + 0.5
+        )
+        last = step.kv_used[rid] - 4 * (len(blocks) - 1)  # tokens in the last block
+        assert [text for _, text in texts] == [str(b) for b in blocks] + [f"{last}/4"]
+        assert cells[f"logical:{rid}:{len(blocks) - 1}"].get_width() == last / 4  # its solid part
+
+
+@pytest.mark.stage2
+def test_block_pool_colours_each_physical_block_by_its_owner(paged_run):
+    step = paged_run[4]
+    fig = viz.plot_block_tables(step, num_kv_blocks=16, block_size=4)
+    cells = _patches(fig, "physical:")
+    assert len(cells) == 16
+    owner = {b: rid for rid, blocks in step.block_tables.items() for b in blocks}
+    colour = {rid: to_rgba(viz.request_colour(i)) for i, rid in enumerate(step.block_tables)}
+    for block_id in range(16):
+        expected = colour[owner[block_id]] if block_id in owner else to_rgba(viz.FREE)
+        assert to_rgba(cells[f"physical:{block_id}"].get_facecolor()) == expected, block_id
+    free = [p for p in cells.values() if to_rgba(p.get_facecolor()) == to_rgba(viz.FREE)]
+    assert len(free) == 16 - step.num_used_blocks
+    first = next(iter(step.block_tables))
+    arrows = [a.get_gid() for a in fig.artists]
+    assert arrows == [f"arrow:{first}:{i}" for i in range(len(step.block_tables[first]))]
+
+
+@pytest.mark.stage2
+def test_block_held_by_two_tables_is_drawn_shared():
+    step = StepTrace(1, 0.0, {}, [], ["a", "b"], kv_used={"a": 8, "b": 5}, block_tables={"a": [3, 0], "b": [3, 1]})
+    fig = viz.plot_block_tables(step, num_kv_blocks=4, block_size=4, order=["b", "a"], arrows_for=[])
+    cells = _patches(fig, "physical:")
+    assert to_rgba(cells["physical:3"].get_facecolor()) == to_rgba(viz.SHARED)
+    assert to_rgba(cells["physical:0"].get_facecolor()) == to_rgba(viz.request_colour(1))  # `order` sets colours
+    assert to_rgba(cells["physical:2"].get_facecolor()) == to_rgba(viz.FREE)
+    assert cells["physical:1"].get_width() == 1 / 4  # b's second block holds its fifth token only
+    assert not fig.artists
+
+
+@pytest.mark.stage2
+def test_pool_occupancy_stacks_each_requests_blocks_and_counts_running_requests(paged_run):
+    blocks_ax, running_ax = viz.plot_pool_occupancy(paged_run, num_kv_blocks=16).axes[:2]
+    assert len(blocks_ax.collections) == 3  # one band per request
+    top = blocks_ax.collections[-1].get_paths()[0].vertices[:, 1]
+    assert set(top) >= {s.num_used_blocks for s in paged_run}
+    assert top.max() == max(s.num_used_blocks for s in paged_run)
+    assert [line.get_ydata()[0] for line in blocks_ax.lines] == [16]  # the capacity line
+    running = running_ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert running.max() == 2
+    mean = sum(len(s.running) for s in paged_run) / len(paged_run)
+    assert f"{mean:.1f} requests running on average (at most 2)" in blocks_ax.get_title(loc="left")

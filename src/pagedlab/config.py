@@ -97,7 +97,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len: {max_len} exceeds the model's max_position_embeddings ({model_max_len})")
         batched = self.max_num_batched_tokens or max(2048, max_len)
         blocks = self.num_kv_blocks or _default_num_blocks(self, max_len, kv_bytes_per_token)
-        cfg = _replace(self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks)
+        swap = self.num_swap_blocks or (blocks if self.preemption_mode == "swap" else 0)  # as big as the pool
+        cfg = _replace(
+            self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks, num_swap_blocks=swap
+        )
         _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
         _check_choice(cfg, "dtype", DTYPES)
         _check_choice(cfg, "attention_backend", ("torch", "triton"))

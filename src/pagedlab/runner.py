@@ -67,6 +67,9 @@ class ModelRunner:
         self.block_tables = BlockTableBuffer(config.max_num_seqs, config.max_blocks_per_request)
         self.generator = torch.Generator().manual_seed(config.seed)  # for requests without a seed
         self.forward_seconds = 0.0  # time inside the model (for the overhead measurement)
+        kv = attention.kv_cache
+        swap_shape = (kv.shape[0], 2, config.num_swap_blocks, *kv.shape[3:])
+        self.swap_cache = torch.zeros(swap_shape, dtype=kv.dtype, device="cpu")  # the CPU swap pool's K/V
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -86,8 +89,22 @@ class ModelRunner:
             self.block_tables.remove(req_id)
         for req_id, (start, block_ids) in so.new_block_ids.items():
             self.block_tables.write(req_id, start, block_ids)
+        if so.swap_out:
+            self.swap_blocks(so.swap_out, to_cpu=True)
         if so.block_copies:
             self.copy_blocks(so.block_copies)
+        if so.swap_in:
+            self.swap_blocks(so.swap_in, to_cpu=False)
+
+    def swap_blocks(self, pairs: list[tuple[int, int]], to_cpu: bool) -> None:
+        """Swap out (GPU block, CPU block) pairs, or swap in (CPU block, GPU block) pairs, every layer at once."""
+        kv, cpu = self.attention.kv_cache, self.swap_cache  # [layers, 2, blocks, block_size, KVH, D] each
+        src = torch.tensor([s for s, _ in pairs])
+        dst = torch.tensor([d for _, d in pairs])
+        if to_cpu:
+            cpu[:, :, dst] = kv[:, :, src.to(kv.device)].to("cpu")
+        else:
+            kv[:, :, dst.to(kv.device)] = cpu[:, :, src].to(kv.device)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: block dst takes src's K and V, in every layer, in one indexing op."""

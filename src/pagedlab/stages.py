@@ -19,6 +19,7 @@ from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.cow import CowScheduler
 from pagedlab.sched.static import StaticScheduler
@@ -94,7 +95,7 @@ STAGES: dict[int, StagePreset] = {
     5: StagePreset(
         5,
         STAGE_NAMES[5],
-        PrefixCachingKVCacheManager,
+        SwappingKVCacheManager,
         ContinuousScheduler,
         PagedAttention,
         "Throughput and latency vs static batching?",

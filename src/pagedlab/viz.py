@@ -1,7 +1,7 @@
 """Stage 1: drawings of the engine's trace, shared by notebooks and `pagedlab figures`.
 
 Builds on: stats.py (`StepTrace`, recorded by `LLM(..., record_trace=True)` into `llm.engine.trace`).
-Read with: chapters/01-contiguous-static.md.
+Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (block tables, pool occupancy).
 
 Every drawing in every chapter uses one palette, so a colour means one thing throughout:
 
@@ -23,9 +23,10 @@ import sys
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import ConnectionPatch, Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from pagedlab.stats import StepTrace
 
@@ -216,3 +217,189 @@ def plot_pool(step: StepTrace, num_kv_blocks: int, block_size: int, blocks_per_r
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1, 1), ncols=3, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+# --- stage 2: block tables and the block pool ---------------------------------------------------------
+
+
+def _text_colour(background: str) -> str:
+    """Black on light colours, white on dark ones (relative luminance, ITU-R BT.709 weights)."""
+    r, g, b, _ = to_rgba(background)
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "white"
+
+
+def _block_cell(ax, x: float, y: float, colour: str, filled: float, label: str, gid: str, hatch=None) -> None:
+    """One block as a unit square at (x, y): the share `filled` of its slots solid, the rest pale."""
+    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=colour, alpha=0.3, edgecolor="none"))
+    ax.add_patch(Rectangle((x, y), filled, 1, facecolor=colour, edgecolor="none", hatch=hatch, gid=gid))
+    ax.add_patch(Rectangle((x, y), 1, 1, facecolor="none", edgecolor="white", linewidth=1.5))
+    ink = _text_colour(colour) if filled >= 0.5 else "black"
+    ax.text(x + 0.5, y + 0.5, label, ha="center", va="center", fontsize=7, color=ink)
+
+
+def _slots_in_blocks(num_tokens: int, num_blocks: int, block_size: int) -> list[int]:
+    """Tokens held in each of a request's blocks, in logical order: [8, 8, 5] for 21 tokens of block_size 8."""
+    return [min(block_size, max(0, num_tokens - i * block_size)) for i in range(num_blocks)]
+
+
+def _bare(ax) -> None:
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+
+
+def plot_block_tables(
+    step: StepTrace,
+    num_kv_blocks: int,
+    block_size: int,
+    order: list[str] | None = None,
+    arrows_for: list[str] | None = None,
+    pool_columns: int = 8,
+) -> Figure:
+    """One step's block tables (left) and the pool of physical blocks they point into (right).
+
+    Left: a row per request, a cell per logical block, labelled with the physical block id.
+    Right: every physical block, coloured by the request holding it (SHARED, hatched, if several; FREE if none).
+    A block is solid for the slots that hold tokens and pale for the rest, so the last block of each
+    request shows its internal fragmentation; "5/8" beside the row counts the last block's used slots.
+    `order` fixes the request colours (default: the table's order); arrows go from the logical to the
+    physical blocks of the requests in `arrows_for` (default: the first request).
+    Why: a request's blocks need not be adjacent or in order; its block table is all that ties them.
+    """
+    ids = list(step.block_tables)
+    order = order or ids
+    colour = {rid: request_colour(order.index(rid)) for rid in ids}
+    widest = max((len(blocks) for blocks in step.block_tables.values()), default=1)
+    rows = max(len(ids), -(-num_kv_blocks // pool_columns))
+    fig, (left, right) = plt.subplots(
+        1,
+        2,
+        figsize=(1.2 + 0.45 * (widest + 2 + pool_columns), 1.4 + 0.45 * rows),
+        gridspec_kw={"width_ratios": [widest + 2, pool_columns]},
+    )
+    cells = _draw_tables(left, step, ids, colour, block_size, widest, rows)
+    owners = _draw_pool(right, step, ids, colour, block_size, num_kv_blocks, pool_columns)
+    for rid in ids[:1] if arrows_for is None else arrows_for:
+        for i, block_id in enumerate(step.block_tables[rid]):
+            y, x = divmod(block_id, pool_columns)
+            _arrow(fig, (left, cells[rid][i]), (right, (x, y)), f"arrow:{rid}:{i}")
+    left.set_title(f"Block tables in step {step.step}", loc="left", fontsize=10)
+    right.set_title(f"Block pool: {len(owners)} of {num_kv_blocks} blocks held", loc="left", fontsize=10)
+    handles = [Patch(color=FREE, label="free block")]
+    if any(len(held_by) > 1 for held_by in owners.values()):
+        handles.append(Patch(facecolor=SHARED, hatch="//", label="shared (ref_cnt > 1)"))
+    fig.legend(handles=handles, loc="lower right", ncols=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def _arrow(fig, source: tuple, target: tuple, gid: str) -> None:
+    """An arrow from the centre of one unit cell to another: each end is (axes, (x, y) of the cell's corner)."""
+    (ax_a, (xa, ya)), (ax_b, (xb, yb)) = source, target
+    arrow = ConnectionPatch(
+        (xa + 0.5, ya + 0.5),
+        (xb + 0.5, yb + 0.5),
+        ax_a.transData,
+        ax_b.transData,
+        arrowstyle="-|>",
+        shrinkA=7,
+        shrinkB=7,
+        connectionstyle="arc3,rad=-0.2",
+        color="black",
+        linewidth=0.8,
+    )
+    arrow.set_gid(gid)
+    fig.add_artist(arrow)
+
+
+def _draw_tables(ax, step, ids, colour, block_size, widest, rows) -> dict[str, list[tuple[int, int]]]:
+    """The block tables as rows of cells, top-aligned; returns request_id -> (x, y) of each logical block."""
+    cells: dict[str, list[tuple[int, int]]] = {}
+    for row, rid in enumerate(ids):
+        blocks = step.block_tables[rid]
+        per_block = _slots_in_blocks(step.kv_used.get(rid, 0), len(blocks), block_size)
+        cells[rid] = [(i, row) for i in range(len(blocks))]
+        for i, (block_id, used) in enumerate(zip(blocks, per_block)):
+            _block_cell(ax, i, row, colour[rid], used / block_size, str(block_id), f"logical:{rid}:{i}")
+        last = per_block[-1] if per_block else 0
+        ax.text(len(blocks) + 0.1, row + 0.5, f"{last}/{block_size}", va="center", fontsize=8, color="dimgray")
+    ax.set(xlim=(0, widest + 2), ylim=(rows, 0), aspect="equal")
+    ax.set_xticks(np.arange(widest) + 0.5, range(widest), fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks(np.arange(len(ids)) + 0.5, [f"req {rid}" for rid in ids], fontsize=8)
+    for label, rid in zip(ax.get_yticklabels(), ids):
+        label.set_color(colour[rid])
+    ax.text(
+        0,
+        len(ids) + 0.3,
+        f"columns: logical block index\ncells: physical block id\nn/{block_size}: slots used in the last block",
+        va="top",
+        fontsize=8,
+        color="dimgray",
+    )
+    _bare(ax)
+    return cells
+
+
+def _draw_pool(ax, step, ids, colour, block_size, num_kv_blocks, columns) -> dict[int, list[str]]:
+    """The pool as a grid of physical blocks, `columns` per row; returns block_id -> the requests holding it."""
+    owners: dict[int, list[str]] = {}
+    used: dict[int, int] = {}
+    for rid in ids:
+        blocks = step.block_tables[rid]
+        for block_id, n in zip(blocks, _slots_in_blocks(step.kv_used.get(rid, 0), len(blocks), block_size)):
+            owners.setdefault(block_id, []).append(rid)
+            used[block_id] = max(used.get(block_id, 0), n)
+    for block_id in range(num_kv_blocks):
+        y, x = divmod(block_id, columns)
+        held_by = owners.get(block_id, [])
+        fill = SHARED if len(held_by) > 1 else colour[held_by[0]] if held_by else FREE
+        filled = used.get(block_id, block_size) / block_size  # a free block is drawn solid
+        hatch = "//" if len(held_by) > 1 else None
+        _block_cell(ax, x, y, fill, filled, str(block_id), f"physical:{block_id}", hatch)
+    ax.set(xlim=(0, columns), ylim=(-(-num_kv_blocks // columns), 0), aspect="equal", xticks=[], yticks=[])
+    ax.set_xlabel(f"physical block id ({columns} per row); pale: slots not holding a token", fontsize=8)
+    _bare(ax)
+    return owners
+
+
+def plot_pool_occupancy(
+    trace: list[StepTrace], num_kv_blocks: int, axes: tuple | None = None, title: str | None = None
+) -> Figure:
+    """Blocks held per step, stacked by request, under the pool's capacity; below, how many requests run.
+
+    `axes`: (blocks axis, running axis) to draw into; None makes a figure of its own.
+    Why: at stage 1 each request arrives with a whole region and keeps it to the end (tall flat bands);
+    at stage 2 a request takes one more block each time its last block fills (thin staircases), so the
+    same pool carries more requests at once.
+    """
+    own_figure = axes is None
+    if own_figure:
+        _, axes = plt.subplots(2, 1, figsize=(8, 4.2), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    blocks_ax, running_ax = axes
+    steps = [step.step for step in trace]
+    x = np.repeat(steps, 2) + np.tile([-0.5, 0.5], len(steps))  # each step a flat band of width 1 around it
+    bottom = np.zeros(len(trace))
+    for i, rid in enumerate(request_order(trace)):
+        held = np.array([len(step.block_tables.get(rid, ())) for step in trace])
+        if held.any():
+            top = bottom + held
+            blocks_ax.fill_between(x, np.repeat(bottom, 2), np.repeat(top, 2), color=request_colour(i), linewidth=0)
+            bottom = top
+    blocks_ax.axhline(num_kv_blocks, color="black", linewidth=1, linestyle="--")
+    blocks_ax.text(steps[0], num_kv_blocks, " capacity", va="bottom", fontsize=8)
+    blocks_ax.set(ylabel="KV blocks held", ylim=(0, 1.15 * num_kv_blocks), xlim=(steps[0] - 0.5, steps[-1] + 0.5))
+    running = np.array([len(step.running) for step in trace])
+    running_ax.fill_between(x, 0, np.repeat(running, 2), color="dimgray", linewidth=0)
+    running_ax.set(xlabel="engine step", ylabel="running", ylim=(0, 1.2 * max(running.max(), 1)))
+    running_ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=3))
+    head = f"{title}: " if title else ""
+    blocks_ax.set_title(
+        f"{head}{running.mean():.1f} requests running on average (at most {running.max()}), "
+        f"{bottom.mean() / num_kv_blocks:.0%} of the pool held",
+        loc="left",
+        fontsize=10,
+    )
+    if own_figure:
+        blocks_ax.figure.tight_layout()
+    return blocks_ax.figure

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from pagedlab import SamplingParams
 from pagedlab.config import EngineConfig
-from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.output import ModelRunnerOutput
@@ -14,7 +14,7 @@ from pagedlab.sched.output import ModelRunnerOutput
 pytestmark = pytest.mark.stage5
 
 
-def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True):
+def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None):
     cfg = EngineConfig.create(
         5,
         256,
@@ -27,8 +27,10 @@ def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, c
         long_prefill_token_threshold=threshold,
         scheduling_policy=policy,
         enable_prefix_caching=caching,
+        preemption_mode=mode,
+        num_swap_blocks=swap,
     )
-    return ContinuousScheduler(cfg, PrefixCachingKVCacheManager.from_config(cfg))
+    return ContinuousScheduler(cfg, SwappingKVCacheManager.from_config(cfg))
 
 
 def req(rid, prompt_len, max_tokens, first=2, **kw):
@@ -113,6 +115,53 @@ def test_a_preempted_request_comes_back_through_the_prefix_cache():
     assert s.kv.prefix_cache_hits >= 4  # b's first full block was still cached
 
 
+def test_swap_preemption_keeps_progress_and_resumes_by_swapping_in():
+    s = make(num_kv_blocks=5, budget=64, mode="swap", swap=4)
+    a, b = req("a", 7, 4), req("b", 7, 10, first=40)
+    s.add_request([a])
+    s.add_request([b])
+    step(s)
+    step(s)
+    so = s.schedule()  # tokens 8 need a third block each: b is swapped out
+    assert so.swap_out == [(2, 0), (3, 1)] and b.num_computed_tokens == 8 and s.kv.is_swapped(b)
+    assert [r.request_id for r in so.scheduled] == ["a"]
+    s.update(so, ModelRunnerOutput(["a"], [7], [0.0], [None]))
+    while not a.status.is_finished():
+        step(s)
+    so = s.schedule()  # a finished: b's two blocks come back into new GPU blocks, then it decodes
+    assert [cpu for cpu, _ in so.swap_in] == [0, 1] and so.num_scheduled_tokens == [1]
+    assert s.kv.swap_pool.num_free == 4 and b.status == RequestStatus.RUNNING
+    s.check_invariants()
+
+
+def test_a_full_swap_pool_falls_back_to_recompute():
+    s = make(num_kv_blocks=5, budget=64, mode="swap", swap=1)  # b's 2 blocks do not fit in 1
+    a, b = req("a", 7, 4), req("b", 7, 10, first=40)
+    s.add_request([a])
+    s.add_request([b])
+    step(s)
+    step(s)
+    so = s.schedule()
+    assert so.swap_out == [] and b.num_computed_tokens == 0 and not s.kv.is_swapped(b)
+
+
+def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
+    s = make(num_kv_blocks=5, budget=64, policy="priority")
+    lax, urgent = req("lax", 7, 10, first=40, priority=5), req("urgent", 7, 10, priority=0, arrival_time=1.0)
+    s.add_request([lax])
+    step(s)  # lax alone: 7 prompt tokens
+    s.add_request([urgent])
+    assert step(s) == {"lax": 1, "urgent": 7}
+    assert step(s) == {"lax": 1, "urgent": 1}  # lax's token 8 took the last free block
+    # Now lax (first in the running list) is scheduled, then urgent's token 8 finds no block: the least
+    # urgent running request, lax, is preempted although it was already given a token this step,
+    # and that token goes back to the budget.
+    so = s.schedule()
+    assert [r.request_id for r in so.scheduled] == ["urgent"] and so.num_scheduled_tokens == [1]
+    assert lax.status == RequestStatus.PREEMPTED and "lax" not in so.new_block_ids
+    s.check_invariants()
+
+
 def test_an_n_group_is_admitted_and_preempted_as_one_unit():
     s = make(num_kv_blocks=32, budget=64)
     group = [req(f"{i}_g", 6, 4, parent_id="g", child_index=i) for i in range(3)]
@@ -139,12 +188,26 @@ def test_the_priority_policy_picks_the_lowest_value_first():
     max_num_seqs=st.integers(1, 4),
     aborts=st.lists(st.integers(0, 11), max_size=3),
     caching=st.booleans(),
+    mode=st.sampled_from(["recompute", "swap"]),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    swap=st.integers(1, 12),
 )
-def test_random_streams_keep_every_invariant(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts, caching):
-    s = make(num_kv_blocks, max(max_num_seqs, 1), max(budget, max_num_seqs), threshold, caching=caching)
+def test_random_streams_keep_every_invariant(
+    stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts, caching, mode, policy, swap
+):
+    s = make(
+        num_kv_blocks,
+        max(max_num_seqs, 1),
+        max(budget, max_num_seqs),
+        threshold,
+        policy=policy,
+        caching=caching,
+        mode=mode,
+        swap=swap,
+    )
     requests = []
     for i, (prompt_len, max_tokens, arrive_at) in enumerate(stream):
-        r = req(f"r{i}", prompt_len, max_tokens, first=2 + (i % 3))  # some prompts share prefixes
+        r = req(f"r{i}", prompt_len, max_tokens, first=2 + (i % 3), priority=i % 2, arrival_time=float(arrive_at))
         if s.kv.can_ever_admit([r]):
             requests.append((arrive_at, r))
     pending = sorted(requests, key=lambda x: x[0])
@@ -168,3 +231,4 @@ def test_random_streams_keep_every_invariant(stream, num_kv_blocks, budget, thre
     assert not s.has_unfinished_requests(), "every request ends"
     assert all(r.status.is_finished() for _, r in requests)
     assert s.kv.num_free_blocks == num_kv_blocks, "no block leaked"
+    assert s.kv.swap_pool.num_free == s.kv.swap_pool.num_blocks, "no CPU block leaked"

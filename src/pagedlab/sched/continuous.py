@@ -121,17 +121,17 @@ class ContinuousScheduler(CowScheduler):
         """All or nothing: every member's cache hits and first chunk must fit in the free blocks."""
         plan, budget, needed = [], self._budget, 0
         for request in group:
-            waits = self._waits_for_leader(request)
-            hits = [] if waits else self.kv.get_computed_blocks(request)
-            target = request.num_prompt_tokens - 1 if self._is_unforked_leader(request) else request.num_tokens
-            num_new = 0 if waits else min(self._chunk(target - len(hits) * self.kv.block_size), budget)
-            needed += self.kv.blocks_to_admit(request, hits, num_new)
+            num_new, hits, blocks = self._plan_admission(request, budget)
+            needed += blocks
             budget -= num_new
             plan.append((request, hits, num_new))
         if needed > self.kv.num_free_blocks:
             return False
         for request, hits, _ in plan:  # touch every hit before allocating, so none is evicted meanwhile
-            request.num_computed_tokens = self.kv.take_hits(request, hits)
+            if self.kv.is_swapped(request):
+                out.swap_in += self.kv.swap_in(request)
+            else:
+                request.num_computed_tokens = self.kv.take_hits(request, hits)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
         for request, _, num_new in plan:
@@ -139,6 +139,18 @@ class ContinuousScheduler(CowScheduler):
                 assert self.kv.allocate_slots(request, num_new) is not None, "checked above"
                 self._record(request, num_new, out)
         return True
+
+    def _plan_admission(self, request: Request, budget: int) -> tuple[int, list, int]:
+        """(tokens to feed now, prefix-cache hits, free blocks it takes) for one member of a group."""
+        if self._waits_for_leader(request):
+            return 0, [], 0
+        if self.kv.is_swapped(request):  # resumes where it stopped, once its blocks are back
+            num_new = min(self._chunk(request.num_tokens - request.num_computed_tokens), budget)
+            return num_new, [], self.kv.blocks_to_swap_in(request, num_new)
+        hits = self.kv.get_computed_blocks(request)
+        target = request.num_prompt_tokens - 1 if self._is_unforked_leader(request) else request.num_tokens
+        num_new = min(self._chunk(target - len(hits) * self.kv.block_size), budget)
+        return num_new, hits, self.kv.blocks_to_admit(request, hits, num_new)
 
     def _waits_for_leader(self, request: Request) -> bool:
         family = self.families.get(request.group_id)
@@ -175,7 +187,9 @@ class ContinuousScheduler(CowScheduler):
         return [r for r in self.running if r.group_id == victim.group_id]
 
     def _preempt(self, group: list[Request], out: SchedulerOutput) -> None:
-        """Recompute preemption: free the group's blocks, forget its progress, queue it again."""
+        """Swap the group's blocks out to the CPU pool if asked and they fit; else recompute:
+        free them and forget the progress. Either way the group waits again."""
+        swap = self.config.preemption_mode == "swap" and self.kv.can_swap_out(group)
         for request in group:
             if request in out.scheduled:  # already given tokens this step: refund them
                 i = out.scheduled.index(request)
@@ -183,9 +197,12 @@ class ContinuousScheduler(CowScheduler):
                 out.scheduled.pop(i)
                 out.new_block_ids.pop(request.request_id, None)
             self.running.remove(request)
-            self.kv.free(request)
+            if swap:
+                out.swap_out += self.kv.swap_out(request)
+            else:
+                self.kv.free(request)
+                request.num_computed_tokens = 0
             request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
             self.num_preemptions += 1
         self.waiting.add_preempted(group)
         self._preempted_now = True

@@ -25,6 +25,8 @@ class SchedulerOutput:
     # ^ request_id -> (first logical block index, physical block ids from there on): block-table writes
     finished_req_ids: set[str] = field(default_factory=set)  # ended since the last step; runner drops them
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) block copies (stage 3)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU block, CPU block) copies out (stage 5)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, GPU block) copies back (stage 5)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
