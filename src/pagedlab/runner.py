@@ -129,6 +129,7 @@ class ModelRunner:
         )
         # A request samples once all its known tokens are fed (always, at stages 1-4).
         samples = seq_lens == np.array([r.num_tokens for r in so.scheduled])
+        decode, prefill = np.flatnonzero(num_new == 1), np.flatnonzero(num_new > 1)  # attention splits on this
         dev = self.device
         meta = AttentionMetadata(
             query_start_loc=torch.from_numpy(qsl).to(dev),
@@ -139,6 +140,11 @@ class ModelRunner:
             block_table=torch.from_numpy(block_table).to(dev),
             max_seq_len=int(seq_lens.max()),
             block_size=self.config.block_size,
+            decode_rows=torch.from_numpy(decode).to(dev),
+            decode_rows_cpu=decode.tolist(),
+            prefill_rows=torch.from_numpy(prefill).to(dev),
+            prefill_rows_cpu=prefill.tolist(),
+            max_query_len=int(num_new.max()),
         )
         sample_idx = torch.from_numpy(qsl[1:][samples] - 1).to(dev)  # last new token of each sampler
         sampling = [r for r, s in zip(so.scheduled, samples) if s]

@@ -66,18 +66,15 @@ class ContiguousAttention:
         """Decodes (one query each) in one batched op; prefill chunks one request at a time."""
         out = torch.empty_like(q)
         qsl = meta.query_start_loc_cpu
-        decode_rows = [b for b in range(meta.num_reqs) if qsl[b + 1] - qsl[b] == 1]
-        if decode_rows:
-            rows = torch.tensor(decode_rows, device=q.device)
-            out[meta.query_start_loc[rows]] = self._decode(
-                q[meta.query_start_loc[rows]], keys[rows], values[rows], meta.seq_lens[rows]
-            )
-        for b in range(meta.num_reqs):
-            if qsl[b + 1] - qsl[b] > 1:
-                n = meta.seq_lens_cpu[b]
-                kk = repeat_kv(keys[b, :n], self.num_queries_per_kv)  # [n, H, D]
-                vv = repeat_kv(values[b, :n], self.num_queries_per_kv)
-                out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale)
+        if meta.decode_rows_cpu:
+            rows = meta.decode_rows
+            tokens = meta.query_start_loc[rows]  # the one query token of each decode
+            out[tokens] = self._decode(q[tokens], keys[rows], values[rows], meta.seq_lens[rows])
+        for b in meta.prefill_rows_cpu:
+            n = meta.seq_lens_cpu[b]
+            kk = repeat_kv(keys[b, :n], self.num_queries_per_kv)  # [n, H, D]
+            vv = repeat_kv(values[b, :n], self.num_queries_per_kv)
+            out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale)
         return out
 
     def _decode(self, q, keys, values, seq_lens) -> torch.Tensor:

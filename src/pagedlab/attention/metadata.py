@@ -31,6 +31,11 @@ class AttentionMetadata:
     block_table: torch.Tensor  # [B, MB] int32, logical -> physical blocks
     max_seq_len: int  # max(seq_lens)
     block_size: int  # tokens per block
+    decode_rows: torch.Tensor  # [N_d] requests with exactly one new token (decodes)
+    decode_rows_cpu: list[int]  # the same, on the CPU
+    prefill_rows: torch.Tensor  # [N_p] requests with more than one new token (prefill chunks)
+    prefill_rows_cpu: list[int]  # the same, on the CPU
+    max_query_len: int  # the longest prefill chunk this step
 
     @property
     def num_reqs(self) -> int:
