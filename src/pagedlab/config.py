@@ -56,7 +56,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"  # stage 5: "recompute" | "swap"
     num_swap_blocks: int = 0  # stage 5: CPU swap pool size in blocks
     scheduling_policy: str = "fcfs"  # stage 5: "fcfs" | "priority"
-    attention_backend: str = "torch"  # "torch" | "triton" (stage 6)
+    attention_backend: str = ""  # "torch" | "triton" (stage 6); "" = triton at stage 6 where it can run
     device: str = "cpu"  # torch device of the model and the KV cache
     dtype: str = "float32"  # model and KV cache dtype
     seed: int = 0  # seeds sampling for requests without a seed of their own
@@ -103,6 +103,7 @@ class EngineConfig:
         )
         _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
         _check_choice(cfg, "dtype", DTYPES)
+        cfg = _replace(cfg, attention_backend=_resolve_backend(cfg))
         _check_choice(cfg, "attention_backend", ("torch", "triton"))
         _check_choice(cfg, "preemption_mode", ("recompute", "swap"))
         _check_choice(cfg, "scheduling_policy", ("fcfs", "priority"))
@@ -116,6 +117,41 @@ class EngineConfig:
         if cfg.long_prefill_token_threshold < 0 or cfg.num_swap_blocks < 0:
             raise ValueError("long_prefill_token_threshold and num_swap_blocks must be >= 0")
         return cfg
+
+
+def triton_can_run(device: str) -> bool:
+    """Triton kernels run on a CUDA device, or on the CPU under TRITON_INTERPRET=1 (if Triton is installed)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.is_available()
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _resolve_backend(cfg: EngineConfig) -> str:
+    """Stage 6 uses Triton where it can run and falls back to torch with one warning (DESIGN §3)."""
+    if cfg.attention_backend == "triton" and cfg.stage >= 6 and not triton_can_run(cfg.device):
+        raise ValueError(
+            f"attention_backend: 'triton' needs Triton and a CUDA device, or TRITON_INTERPRET=1 on a CPU "
+            f"(device is {cfg.device!r})"
+        )
+    if cfg.attention_backend or cfg.stage < 6:
+        return cfg.attention_backend or "torch"
+    if triton_can_run(cfg.device):
+        return "triton"
+    import warnings
+
+    warnings.warn(
+        "stage 6: Triton cannot run here (no CUDA device and TRITON_INTERPRET is not 1, or Triton is missing); "
+        "using the torch attention backend",
+        stacklevel=4,
+    )
+    return "torch"
 
 
 def _default_num_blocks(cfg: EngineConfig, max_len: int, kv_bytes_per_token: int) -> int:

@@ -26,7 +26,7 @@ from pagedlab.request import Request, RequestStatus
 from pagedlab.runner import ModelRunner
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 from pagedlab.sched.beam import BeamGroup
-from pagedlab.stages import get_preset
+from pagedlab.stages import get_preset, make_attention
 from pagedlab.stats import EngineStats, StepTrace
 from pagedlab.validation import check_prompt, check_request_options
 
@@ -47,7 +47,7 @@ class LLMEngine:
             loaded.model.lm_head.weight.dtype,
             config.device,
         )
-        attention = preset.attention(kv_cache, mc.num_queries_per_kv, mc.head_dim)
+        attention = make_attention(config, preset, kv_cache, mc.num_queries_per_kv, mc.head_dim)
         self.runner = ModelRunner(config, loaded.model, attention)
         self.output_processor = OutputProcessor(loaded.tokenizer)
         self.stats = EngineStats()

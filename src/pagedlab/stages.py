@@ -105,7 +105,29 @@ STAGES: dict[int, StagePreset] = {
             "vllm/v1/request.py (RequestStatus)",
         ),
     ),
+    6: StagePreset(
+        6,
+        STAGE_NAMES[6],
+        SwappingKVCacheManager,
+        ContinuousScheduler,
+        PagedAttention,  # the fallback; attention_backend="triton" swaps in attention/triton_backend.py
+        "Parity, and speed on a GPU?",
+        (
+            "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2)",
+            "csrc/cache_kernels.cu (reshape_and_cache)",
+            "vllm/attention/ops/paged_attn.py, vllm/attention/ops/prefix_prefill.py",
+        ),
+    ),
 }
+
+
+def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: int, head_dim: int):
+    """The preset's torch backend, or the Triton one (imported only now) when the config resolved to it."""
+    if config.attention_backend == "triton":
+        from pagedlab.attention.triton_backend import TritonAttention
+
+        return TritonAttention(kv_cache, num_queries_per_kv, head_dim)
+    return preset.attention(kv_cache, num_queries_per_kv, head_dim)
 
 
 def get_preset(stage: int) -> StagePreset:

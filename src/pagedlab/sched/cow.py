@@ -71,6 +71,12 @@ class CowScheduler(StaticScheduler):
             return 0  # followers fork from the leader instead of looking up the cache
         return super()._prefix_hit_tokens(request)
 
+    def _prefill_tokens(self, group: list[Request]) -> int:
+        """An n > 1 group prefills its prompt once (the leader), then one token per child."""
+        if len(group) > 1 and group[0].num_computed_tokens == 0:
+            return group[0].num_prompt_tokens + len(group) - 1
+        return super()._prefill_tokens(group)
+
     def _worst_case(self, group: list[Request]) -> list[Request]:
         beams = self.beam_groups.get(group[0].group_id)
         return group * beams.width if beams is not None else group

@@ -51,7 +51,7 @@ class StaticScheduler:
 
     def check_admissible(self, group: list[Request]) -> None:
         """A group that could never be admitted is a ValueError now, not a request waiting forever."""
-        prompt_tokens = sum(r.num_prompt_tokens for r in group)
+        prompt_tokens = self._prefill_tokens(group)
         if len(group) > self.config.max_num_seqs:
             raise ValueError(f"n: {len(group)} children exceed max_num_seqs ({self.config.max_num_seqs})")
         if prompt_tokens > self.config.max_num_batched_tokens:
@@ -100,7 +100,7 @@ class StaticScheduler:
         while self.waiting:
             group = self._next_group()
             worst = self._worst_case(group)
-            tokens = sum(r.num_tokens - r.num_computed_tokens for r in group)
+            tokens = self._prefill_tokens(group)
             if len(admitted) + len(worst) > self.config.max_num_seqs or tokens > budget:
                 break
             if not self.kv.can_admit(worst, admitted):
@@ -125,6 +125,10 @@ class StaticScheduler:
     def _num_new_tokens(self, request: Request) -> int:
         """Static batching feeds every running request all its known tokens (the prompt, then 1)."""
         return request.num_tokens - request.num_computed_tokens
+
+    def _prefill_tokens(self, group: list[Request]) -> int:
+        """Tokens the group's first step feeds (the whole batch's prompts must fit one step)."""
+        return sum(r.num_tokens - r.num_computed_tokens for r in group)
 
     def _worst_case(self, group: list[Request]) -> list[Request]:
         """The requests a group may grow into; admission reserves for all of them."""

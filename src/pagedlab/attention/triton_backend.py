@@ -1,0 +1,73 @@
+"""Stage 6: the Triton attention backend: store_kv, then paged decode (V1/V2) or paged prefill.
+
+Builds on: attention/triton_store.py, attention/triton_decode.py, attention/triton_prefill.py.
+Read with: chapters/06-triton-kernel.md.
+
+The engine imports this module only when `attention_backend="triton"`, so
+Triton is needed only there. On a CPU it runs under Triton's interpreter
+(TRITON_INTERPRET=1, set before Triton is first imported), slowly but
+exactly, which is how the tests check it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedlab.attention.metadata import AttentionMetadata
+from pagedlab.attention.triton_decode import DEFAULT_PARTITION_SIZE, paged_decode
+from pagedlab.attention.triton_prefill import paged_prefill
+from pagedlab.attention.triton_store import store_kv
+
+
+class TritonAttention:
+    """Same contract as the torch backends; reads K/V in place through the block table."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        kv_cache: torch.Tensor,
+        num_queries_per_kv: int,
+        head_dim: int,
+        partition_size: int = DEFAULT_PARTITION_SIZE,
+    ):
+        self.kv_cache = kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]
+        self.num_queries_per_kv = num_queries_per_kv
+        self.scale = head_dim**-0.5
+        self.partition_size = partition_size  # V2's partition; lower it to exercise V2 on short contexts
+        self.versions_run: set[str] = set()  # which decode kernels ran ("v1", "v2"), for tests and benches
+
+    def forward(self, layer_idx, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = self.kv_cache[layer_idx]
+        store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = torch.empty_like(q)
+        block_table = meta.block_table.contiguous()
+        if meta.decode_rows_cpu:
+            version = paged_decode(
+                out,
+                q,
+                k_cache,
+                v_cache,
+                block_table,
+                meta.seq_lens,
+                meta.decode_rows,
+                meta.query_start_loc[meta.decode_rows],
+                self.scale,
+                max_seq_len=meta.max_seq_len,
+                partition_size=self.partition_size,
+            )
+            self.versions_run.add(version)
+        if meta.prefill_rows_cpu:
+            paged_prefill(
+                out,
+                q,
+                k_cache,
+                v_cache,
+                block_table,
+                meta.seq_lens,
+                meta.query_start_loc,
+                meta.prefill_rows,
+                self.scale,
+                max_query_len=meta.max_query_len,
+            )
+        return out
