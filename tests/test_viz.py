@@ -108,6 +108,10 @@ def test_make_figures_writes_every_registered_png(tmp_path):
         "01_batch_timeline.png",
         "02_block_tables.png",
         "02_pool_occupancy.png",
+        "03_cow_before_after.png",
+        "03_beam_tree.png",
+        "04_hash_chain.png",
+        "04_block_tables_hits.png",
     ]
     assert len(paths) == len(FIGURES)
     for path in paths:
@@ -199,3 +203,32 @@ def test_pool_occupancy_stacks_each_requests_blocks_and_counts_running_requests(
     assert running.max() == 2
     mean = sum(len(s.running) for s in paged_run) / len(paged_run)
     assert f"{mean:.1f} requests running on average (at most 2)" in blocks_ax.get_title(loc="left")
+
+
+# --- stage 4: prefix-cache hits and cached-but-free blocks ---------------------------------------------------------
+
+
+@pytest.mark.stage4
+def test_block_tables_outline_hits_and_draw_free_cached_blocks_cached():
+    step = StepTrace(1, 0.0, {}, [], ["a", "b"], kv_used={"a": 8, "b": 6}, block_tables={"a": [0, 1], "b": [0, 2]})
+    fig = viz.plot_block_tables(step, num_kv_blocks=6, block_size=4, arrows_for=[], hits={"b": 1}, cached=[0, 1, 4])
+    outlines = sorted(p.get_gid() for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith("hit:"))
+    assert outlines == ["hit:b:0", "hit:physical:0"]  # b's first block was a hit; a computed its own
+    cells = _patches(fig, "physical:")
+    assert to_rgba(cells["physical:4"].get_facecolor()) == to_rgba(viz.CACHED)  # free, still carries a hash
+    assert to_rgba(cells["physical:5"].get_facecolor()) == to_rgba(viz.FREE)
+    assert to_rgba(cells["physical:1"].get_facecolor()) == to_rgba(viz.request_colour(0))  # held: its owner's colour
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[-2:] == ["cached, free (keeps its hash)", "prefix-cache hit"]
+
+
+@pytest.mark.stage4
+def test_prefix_hits_and_cached_blocks_come_from_a_stage4_run():
+    llm = LLM(stage=4, block_size=4, num_kv_blocks=12, max_num_seqs=1, record_trace=True)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate(["ROMEO:\nBut soft", "ROMEO:\nBut hark"], params, use_tqdm=False)  # 16 tokens each
+    trace, pool = llm.engine.trace, llm.engine.kv_manager.pool
+    assert viz.prefix_hit_blocks(trace, 4) == {"0": 0, "1": 3}  # "<bos>ROM" "EO:\n" "But " are shared
+    assert trace[2].scheduled == {"1": 16 - 12}
+    assert viz.cached_block_ids(pool) == {b.block_id for b in pool.blocks if b.block_hash is not None}
+    assert len(viz.cached_block_ids(pool)) == 4 + 1  # request 0's four full blocks, request 1's own last one

@@ -9,6 +9,11 @@ Two pictures, both built from plain block tables so notebooks can draw any momen
     beam_block_tree:      the union of the live beams' block tables is a tree: the prompt's blocks
                           at the root, one branch per fork, one leaf per beam
 
+Stage 4 adds a third, built from requests' block hashes and the prefix cache (chapters/04-prefix-caching.md):
+
+    hash_chain_tree:      NONE_HASH ──▶ [block 0 | #768d6fe2] ──▶ ...  one node per chained hash, shared
+                          prefixes merged; cached-but-free blocks in CACHED colour, evicted hashes dashed
+
 Rendering a Digraph to a file needs Graphviz's `dot` program (apt-get install graphviz);
 building one does not.
 """
@@ -19,7 +24,7 @@ from collections.abc import Callable
 
 import graphviz
 
-from pagedlab.viz import FREE, SHARED, USED, request_colour
+from pagedlab.viz import CACHED, FREE, SHARED, USED, request_colour
 
 
 def _block_label(block_id: int, refs: int, text: str | None = None) -> str:
@@ -118,3 +123,85 @@ def live_tables(engine) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
     kv = engine.kv_manager
     running = engine.scheduler.running
     return {r.request_id: kv.get_block_ids(r) for r in running}, {r.request_id: r.all_token_ids for r in running}
+
+
+# --- stage 4: the prefix cache as a tree of chained hashes ----------------------------------------------------------
+
+
+def short_hash(block_hash) -> str:
+    """The first 8 hex digits of a block hash (SHA-256 bytes, or the int of hash_algo="builtin")."""
+    if isinstance(block_hash, bytes):
+        return block_hash.hex()[:8]
+    return f"{block_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"[:8]
+
+
+def hash_chain_tree(
+    requests, kv_manager, decode: Callable[[list[int]], str] | None = None, title: str = ""
+) -> graphviz.Digraph:
+    """The prefix cache as a tree: one node per chained block hash, one path per request, root to leaf.
+
+    `requests`: Request objects (or a dict of them) whose `block_hashes` name their full blocks in order;
+    keep them from `engine.scheduler.waiting[-1]` right after `add_request`: the engine forgets finished
+    requests, but a Request keeps its hashes. `kv_manager`: the engine's PrefixCachingKVCacheManager; its
+    pool's `cached_block_hash_to_block` says which hashes are cached and in which block.
+    Equal hashes mean equal prefixes, so requests that share a prefix share a path until they differ.
+    A cached node shows its block id, short hash, ref_cnt (and text, with `decode`), coloured USED, SHARED
+    (ref_cnt > 1) or CACHED (ref_cnt 0: free, kept for a later hit); a dashed node is a hash no block holds
+    (evicted, or a duplicate that was never registered). Cached blocks of requests not given hang unattached.
+    """
+    requests = list(requests.values() if isinstance(requests, dict) else requests)
+    cache = kv_manager.pool.cached_block_hash_to_block
+    g = graphviz.Digraph(
+        graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica"},
+        node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "filled"},
+    )
+    g.node("root", "NONE_HASH", shape="ellipse", fillcolor=FREE)
+    text, edges = _hash_paths(requests, kv_manager.block_size, decode)
+    for block_hash in {**text, **dict.fromkeys(cache)}:
+        _hash_node(g, block_hash, cache.get(block_hash), text.get(block_hash))
+    for parent, child in dict.fromkeys(edges):
+        g.edge("root" if parent is None else _node_id(parent), _node_id(child))
+    for r in requests:
+        salt = f"\\nsalt {r.cache_salt!r}" if r.cache_salt is not None else ""
+        leaf = f"req_{r.request_id}"
+        g.node(leaf, f"request {r.request_id}{salt}", shape="ellipse", fillcolor="white")
+        if r.block_hashes:
+            g.edge(_node_id(r.block_hashes[-1]), leaf, style="dotted")
+    return g
+
+
+def _hash_paths(requests, block_size: int, decode) -> tuple[dict, list[tuple]]:
+    """(block hash -> its text or None, parent -> child edges) from the requests' hash lists."""
+    text: dict = {}
+    edges: list[tuple] = []
+    for r in requests:
+        for i, block_hash in enumerate(r.block_hashes):
+            chunk = r.all_token_ids[i * block_size : (i + 1) * block_size]
+            text.setdefault(block_hash, decode(chunk) if decode else None)
+            edges.append((r.block_hashes[i - 1] if i else None, block_hash))
+    return text, edges
+
+
+def _hash_node(g: graphviz.Digraph, block_hash, block, text: str | None) -> None:
+    lines = [f"#{short_hash(block_hash)}"]
+    if block is None:
+        lines.insert(0, "not cached")
+    else:
+        lines = [f"block {block.block_id}", *lines, f"ref_cnt {block.ref_cnt}"]
+    if text is not None:
+        lines.append(_quoted(text))
+    label = "\\n".join(lines)
+    if block is None:
+        g.node(_node_id(block_hash), label, style="dashed,filled", fillcolor=FREE, fontcolor="dimgray")
+        return
+    fill = SHARED if block.ref_cnt > 1 else USED if block.ref_cnt == 1 else CACHED
+    g.node(_node_id(block_hash), label, fillcolor=fill, fontcolor="white")
+
+
+def _node_id(block_hash) -> str:
+    return f"h_{block_hash.hex() if isinstance(block_hash, bytes) else block_hash}"
+
+
+def _quoted(text: str) -> str:
+    """A block's text for a graphviz label: in quotes, a newline shown as ↵ (graphviz would break the line there)."""
+    return "“" + text.replace("\\", "\\\\").replace("\n", "↵") + "”"

@@ -1,7 +1,8 @@
 """Stage 1: drawings of the engine's trace, shared by notebooks and `pagedlab figures`.
 
 Builds on: stats.py (`StepTrace`, recorded by `LLM(..., record_trace=True)` into `llm.engine.trace`).
-Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (block tables, pool occupancy).
+Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (block tables, pool occupancy),
+chapters/04-prefix-caching.md (cache hits and cached-but-free blocks).
 
 Every drawing in every chapter uses one palette, so a colour means one thing throughout:
 
@@ -12,13 +13,14 @@ Every drawing in every chapter uses one palette, so a colour means one thing thr
     CACHED    a free block that still keeps its hash for reuse (stage 4)
 
 A batch timeline adds the request states PREFILL, DECODE, WAITING and FINISHED.
-The functions only read the trace: they work for every stage that records one.
+The functions only read the trace (and `cached_block_ids`, a stage-4 pool): they work for every stage that records one.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -255,6 +257,8 @@ def plot_block_tables(
     order: list[str] | None = None,
     arrows_for: list[str] | None = None,
     pool_columns: int = 8,
+    hits: dict[str, int] | None = None,
+    cached: Iterable[int] = (),
 ) -> Figure:
     """One step's block tables (left) and the pool of physical blocks they point into (right).
 
@@ -264,6 +268,10 @@ def plot_block_tables(
     request shows its internal fragmentation; "5/8" beside the row counts the last block's used slots.
     `order` fixes the request colours (default: the table's order); arrows go from the logical to the
     physical blocks of the requests in `arrows_for` (default: the first request).
+    Stage 4 (prefix caching), both optional: `hits` maps a request to how many leading blocks of its table
+    were prefix-cache hits (outlined in black and marked "hit", see `prefix_hit_blocks`); `cached` lists the
+    blocks that carry a block hash (see `cached_block_ids`): those no table holds are drawn in CACHED colour,
+    free but still findable by their hash.
     Why: a request's blocks need not be adjacent or in order; its block table is all that ties them.
     """
     ids = list(step.block_tables)
@@ -278,7 +286,8 @@ def plot_block_tables(
         gridspec_kw={"width_ratios": [widest + 2, pool_columns]},
     )
     cells = _draw_tables(left, step, ids, colour, block_size, widest, rows)
-    owners = _draw_pool(right, step, ids, colour, block_size, num_kv_blocks, pool_columns)
+    owners = _draw_pool(right, step, ids, colour, block_size, num_kv_blocks, pool_columns, set(cached))
+    hit_blocks = _mark_hits(left, right, step, hits or {}, pool_columns)
     for rid in ids[:1] if arrows_for is None else arrows_for:
         for i, block_id in enumerate(step.block_tables[rid]):
             y, x = divmod(block_id, pool_columns)
@@ -288,7 +297,11 @@ def plot_block_tables(
     handles = [Patch(color=FREE, label="free block")]
     if any(len(held_by) > 1 for held_by in owners.values()):
         handles.append(Patch(facecolor=SHARED, hatch="//", label="shared (ref_cnt > 1)"))
-    fig.legend(handles=handles, loc="lower right", ncols=2, fontsize=8, frameon=False)
+    if set(cached) - owners.keys():
+        handles.append(Patch(color=CACHED, label="cached, free (keeps its hash)"))
+    if hit_blocks:
+        handles.append(Patch(facecolor="none", edgecolor="black", linewidth=2, label="prefix-cache hit"))
+    fig.legend(handles=handles, loc="lower right", ncols=max(2, len(handles)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
@@ -341,8 +354,11 @@ def _draw_tables(ax, step, ids, colour, block_size, widest, rows) -> dict[str, l
     return cells
 
 
-def _draw_pool(ax, step, ids, colour, block_size, num_kv_blocks, columns) -> dict[int, list[str]]:
-    """The pool as a grid of physical blocks, `columns` per row; returns block_id -> the requests holding it."""
+def _draw_pool(ax, step, ids, colour, block_size, num_kv_blocks, columns, cached=frozenset()) -> dict[int, list[str]]:
+    """The pool as a grid of physical blocks, `columns` per row; returns block_id -> the requests holding it.
+
+    A block that no table holds is FREE, or CACHED if it is in `cached` (it still carries a block hash).
+    """
     owners: dict[int, list[str]] = {}
     used: dict[int, int] = {}
     for rid in ids:
@@ -353,7 +369,7 @@ def _draw_pool(ax, step, ids, colour, block_size, num_kv_blocks, columns) -> dic
     for block_id in range(num_kv_blocks):
         y, x = divmod(block_id, columns)
         held_by = owners.get(block_id, [])
-        fill = SHARED if len(held_by) > 1 else colour[held_by[0]] if held_by else FREE
+        fill = SHARED if len(held_by) > 1 else colour[held_by[0]] if held_by else CACHED if block_id in cached else FREE
         filled = used.get(block_id, block_size) / block_size  # a free block is drawn solid
         hatch = "//" if len(held_by) > 1 else None
         _block_cell(ax, x, y, fill, filled, str(block_id), f"physical:{block_id}", hatch)
@@ -361,6 +377,48 @@ def _draw_pool(ax, step, ids, colour, block_size, num_kv_blocks, columns) -> dic
     ax.set_xlabel(f"physical block id ({columns} per row); pale: slots not holding a token", fontsize=8)
     _bare(ax)
     return owners
+
+
+def _mark_hits(left, right, step, hits: dict[str, int], columns: int) -> set[int]:
+    """Outline the first hits[rid] logical blocks of each table, and the physical blocks they are; returns those."""
+    marked: set[int] = set()
+    for row, rid in enumerate(step.block_tables):
+        for i, block_id in enumerate(step.block_tables[rid][: hits.get(rid, 0)]):
+            _outline(left, i, row, f"hit:{rid}:{i}")
+            left.text(i + 0.5, row + 0.9, "hit", ha="center", va="bottom", fontsize=5, color="black")
+            marked.add(block_id)
+    for block_id in marked:
+        y, x = divmod(block_id, columns)
+        _outline(right, x, y, f"hit:physical:{block_id}")
+    return marked
+
+
+def _outline(ax, x: float, y: float, gid: str) -> None:
+    ax.add_patch(Rectangle((x + 0.06, y + 0.06), 0.88, 0.88, facecolor="none", edgecolor="black", lw=1.6, gid=gid))
+
+
+def prefix_hit_blocks(trace: list[StepTrace], block_size: int) -> dict[str, int]:
+    """request_id -> leading blocks of its table that were prefix-cache hits (stage 4), for `plot_block_tables`.
+
+    Read from the trace: in a request's first scheduled step, the tokens it already had with K/V
+    (kv_used minus the tokens fed) are the ones the prefix cache supplied. (A child of an n > 1 request
+    forked from its leader also starts with computed tokens; those are shared, not hits, and not aligned.)
+    """
+    hits: dict[str, int] = {}
+    for step in trace:
+        for rid, fed in step.scheduled.items():
+            if rid not in hits:
+                hits[rid] = (step.kv_used.get(rid, fed) - fed) // block_size
+    return hits
+
+
+def cached_block_ids(pool) -> set[int]:
+    """Ids of the blocks that carry a block hash now (stage 4's CachingBlockPool): `cached` for plot_block_tables.
+
+    Take it right after `engine.step()`: a step registers and evicts hashes while scheduling, before its trace
+    snapshot, and its update only frees blocks, so the set is the one the step's snapshot saw.
+    """
+    return {block.block_id for block in pool.cached_block_hash_to_block.values()}
 
 
 def plot_pool_occupancy(
