@@ -6,9 +6,9 @@ import pytest
 
 from pagedlab.cli import main
 from pagedlab.config import STAGE_NAMES
-from pagedlab.stages import highest_stage
+from pagedlab.stages import default_stage
 
-TOP = f"{highest_stage()} ({STAGE_NAMES[highest_stage()]})"  # the default stage
+TOP = f"{default_stage()} ({STAGE_NAMES[default_stage()]})"  # the default stage
 
 
 def run_cli(capsys, *argv: str) -> str:

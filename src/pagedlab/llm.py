@@ -19,7 +19,7 @@ from pagedlab.engine import LLMEngine
 from pagedlab.model.loader import BUNDLED_MODEL, load_model
 from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
-from pagedlab.stages import highest_stage
+from pagedlab.stages import default_stage
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -28,7 +28,7 @@ class LLM:
     """Load a model and serve it with the engine of one stage."""
 
     def __init__(self, model: str = BUNDLED_MODEL, stage: int | str | None = None, **engine_args):
-        stage = highest_stage() if stage is None else parse_stage(stage)
+        stage = default_stage() if stage is None else parse_stage(stage)
         dtype = engine_args.get("dtype") or "float32"
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {tuple(_DTYPES)}")

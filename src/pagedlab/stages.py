@@ -141,6 +141,11 @@ def highest_stage() -> int:
     return max(STAGES)
 
 
+def default_stage() -> int:
+    """DESIGN §3: "continuous" once it exists (stage 6 only swaps the attention kernels)."""
+    return 5 if 5 in STAGES else highest_stage()
+
+
 def describe(stage: int | str) -> str:
     """The wiring of one stage, as `pagedlab describe --stage N` prints it."""
     p = get_preset(parse_stage(stage))
