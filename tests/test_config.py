@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from pagedlab.config import EngineConfig, parse_stage
+from pagedlab.config import STAGE_NAMES, EngineConfig, parse_stage
 from pagedlab.stages import describe, get_preset
 
 KV_BYTES = 2048  # the bundled model: 2 x 4 layers x 2 KV heads x 32 x 4 bytes
@@ -69,9 +69,10 @@ def test_bad_values(kwargs, message):
         EngineConfig.create(1, 1024, KV_BYTES, **kwargs)
 
 
-def test_unimplemented_stage_is_a_clear_error():
-    with pytest.raises(ValueError, match="not implemented yet"):
-        get_preset(6)
+def test_every_stage_has_a_preset_named_as_the_table():
+    for number, name in STAGE_NAMES.items():
+        preset = get_preset(number)
+        assert (preset.number, preset.name) == (number, name)
 
 
 @pytest.mark.parametrize(

@@ -63,9 +63,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_describe(args: argparse.Namespace) -> int:
     from pagedlab.config import parse_stage
-    from pagedlab.stages import describe, highest_stage
+    from pagedlab.stages import default_stage, describe
 
-    print(describe(highest_stage() if args.stage is None else parse_stage(args.stage)))
+    print(describe(default_stage() if args.stage is None else parse_stage(args.stage)))
     return 0
 
 
@@ -102,7 +102,7 @@ def _cmd_train_tiny(args: argparse.Namespace) -> int:
 
 def _add_demo(sub) -> None:
     demo = sub.add_parser("demo", help="the bundled model through a stage, drawn live: queues, blocks, KV use")
-    demo.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    demo.add_argument("--stage", default=None, help="number or name (default: continuous)")
     demo.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
     demo.add_argument("--num-requests", type=int, default=8)
     demo.add_argument("--max-tokens", type=int, default=32)
@@ -122,7 +122,7 @@ def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="generate text from prompts with the engine of a stage")
     gen.add_argument("prompts", nargs="*", default=["ROMEO:"])
     gen.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
-    gen.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    gen.add_argument("--stage", default=None, help="number or name (default: continuous)")
     gen.add_argument("--max-tokens", type=int, default=200)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -132,6 +132,37 @@ def _add_generate(sub) -> None:
     gen.set_defaults(func=_cmd_generate)
 
 
+def _cmd_assignment(args: argparse.Namespace) -> int:
+    import json
+
+    from pagedlab import assignment
+
+    if args.action == "make":
+        out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)
+        tasks = json.loads((out / "assignment.json").read_text())["tasks"]
+        print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
+        return 0
+    result = assignment.grade(args.dir, extra_tests=args.extra_tests)
+    assignment.print_grades(result)
+    if args.json:
+        print(json.dumps({"score": result["score"], "max_score": result["max_score"], "tests": result["tests"]}))
+    return 0 if result["score"] == result["max_score"] else 1
+
+
+def _add_assignment(sub) -> None:
+    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, or grade one")
+    actions = a.add_subparsers(dest="action", required=True)
+    make = actions.add_parser("make", help="write a student workspace with stage N's heart removed")
+    make.add_argument("stage", help="stage number or name")
+    make.add_argument("--out", required=True, help="new or empty folder")
+    make.add_argument("--with-solutions", action="store_true", help="a teacher's copy: nothing removed")
+    grade = actions.add_parser("grade", help="run the stage's tests on a workspace and score them")
+    grade.add_argument("dir", help="a folder written by `assignment make`")
+    grade.add_argument("--json", action="store_true", help="print Gradescope's results.json to stdout")
+    grade.add_argument("--extra-tests", default=None, help="a folder of hidden tests to run as well")
+    a.set_defaults(func=_cmd_assignment)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
 
     desc = sub.add_parser("describe", help="print a stage's wiring: KV manager, scheduler, attention")
-    desc.add_argument("--stage", default=None, help="number or name (default: the highest implemented)")
+    desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
 
     bench = sub.add_parser("bench", help="the paper's measurements at our scale (DESIGN §6): memory, ...")
@@ -152,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument("--out", default="figures", help="output folder")
     figs.set_defaults(func=_cmd_figures)
 
+    _add_assignment(sub)
     tiny = sub.add_parser("train-tiny", help="retrain the bundled tiny-shakespeare model (a few minutes on CPU)")
     tiny.add_argument("--out", default=None, help="output folder (default: overwrite the bundled model)")
     tiny.add_argument("--steps", type=int, default=1000)

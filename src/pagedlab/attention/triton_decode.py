@@ -67,6 +67,7 @@ def _attend_range(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for tile in range(start, end, BLOCK_N):
         # BEGIN SOLUTION
+        # TASK(launcher=paged_decode): the online-softmax update over one tile of the paged context.
         offs_n = tile + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         block = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -227,6 +228,7 @@ def paged_decode_reduce_kernel(
     t = tl.load(q_index_ptr + i)
     used = tl.cdiv(tl.load(seq_lens_ptr + b), PARTITION_SIZE)  # partitions that hold context
     # BEGIN SOLUTION
+    # TASK(launcher=paged_decode): merge the partitions' (max, sum, output) into one softmax (V2 reduce).
     offs_p = tl.arange(0, BLOCK_P)
     mask_p = offs_p < used
     base = (i * tl.num_programs(1) + h) * num_partitions

@@ -52,6 +52,8 @@ def block_extra_keys(request: Request, block_index: int) -> tuple:
     return ()
 
 
+# BEGIN SOLUTION
+# TASK: chained block hashing: hash each newly full block with its parent's hash, once, as tokens arrive.
 def update_block_hashes(request: Request, block_size: int, none_hash: bytes, algo: str = "sha256") -> None:
     """Hash the request's newly full blocks; earlier ones are never hashed again."""
     hashes = request.block_hashes
@@ -60,3 +62,6 @@ def update_block_hashes(request: Request, block_size: int, none_hash: bytes, alg
         parent = hashes[i - 1] if i else none_hash
         chunk = tokens[i * block_size : (i + 1) * block_size]
         hashes.append(hash_block_tokens(parent, chunk, block_extra_keys(request, i), algo))
+
+
+# END SOLUTION
