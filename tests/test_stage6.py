@@ -24,12 +24,15 @@ PROMPTS = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 32, 3, 8, 4], [2, 7, 18, 28, 18
 )
 def test_engine_on_triton_kernels_equals_the_oracle(tiny_model_dir, cfg):
     need_triton()
-    llm = LLM(model=str(tiny_model_dir), stage=6, max_num_seqs=3, max_model_len=64, debug_checks=True, **cfg)
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # the interpreter runs on the CPU
+    llm = LLM(
+        model=str(tiny_model_dir), stage=6, max_num_seqs=3, max_model_len=64, debug_checks=True, device=device, **cfg
+    )
     assert llm.engine.attention_backend == "triton"
     llm.engine.runner.attention.partition_size = 16  # contexts past 16 tokens take V2
     prompts = PROMPTS + [PROMPTS[0][:12] + [30]]  # shares full blocks with the first prompt
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    model = load_model(tiny_model_dir).model
+    model = load_model(tiny_model_dir, device=device).model
     for prompt, out in zip(prompts, outs):
         expected = oracle.greedy(model, prompt, 8, eos_token_ids=(1,), max_model_len=64)
         assert_matches_oracle(out.outputs[0].token_ids, expected, label=str(prompt))

@@ -6,6 +6,8 @@ that end mid-block, GQA ratios 1 and 4, V1 and V2 (a low partition size forces V
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from tests.conftest import need_triton
 pytestmark = pytest.mark.stage6
 
 D = 32
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # interpreter: CPU tensors; else the GPU
 
 
 def paged_case(seq_lens, q_lens, block_size, num_heads, num_kv_heads, dtype, seed=0):
@@ -31,11 +34,12 @@ def paged_case(seq_lens, q_lens, block_size, num_heads, num_kv_heads, dtype, see
         table[b, :n] = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
     qsl = torch.tensor([0] + q_lens).cumsum(0)
     q = torch.randn(int(qsl[-1]), num_heads, D, generator=g).to(dtype)
-    return q, k_cache, v_cache, table, torch.tensor(seq_lens), qsl
+    return tuple(t.to(DEVICE) for t in (q, k_cache, v_cache, table, torch.tensor(seq_lens), qsl))
 
 
 def reference(q, k_cache, v_cache, table, seq_lens, qsl, block_size):
     """The torch reference: gather each request's context through its block table, attend causally."""
+    q, k_cache, v_cache, table, seq_lens, qsl = (t.cpu() for t in (q, k_cache, v_cache, table, seq_lens, qsl))
     out = torch.empty(q.shape, dtype=torch.float32)
     rep = q.shape[1] // k_cache.shape[2]
     for b, n in enumerate(seq_lens.tolist()):
@@ -62,11 +66,24 @@ def test_paged_decode_matches_torch(block_size, num_heads, num_kv_heads, dtype, 
     q, kc, vc, table, lens, qsl = paged_case(seq_lens, [1] * 4, block_size, num_heads, num_kv_heads, dtype)
     out = torch.empty_like(q)
     rows = torch.arange(4)
-    ran = paged_decode(out, q, kc, vc, table, lens, rows, qsl[:-1], D**-0.5, max_seq_len=50,
-                       partition_size=16, version=version)
+    ran = paged_decode(
+        out,
+        q,
+        kc,
+        vc,
+        table,
+        lens,
+        rows.to(DEVICE),
+        qsl[:-1],
+        D**-0.5,
+        max_seq_len=50,
+        partition_size=16,
+        version=version,
+    )
     assert ran == version
-    torch.testing.assert_close(out.float(), reference(q, kc, vc, table, lens, qsl, block_size),
-                               atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(
+        out.float().cpu(), reference(q, kc, vc, table, lens, qsl, block_size), atol=TOL[dtype], rtol=TOL[dtype]
+    )
 
 
 def test_the_launcher_picks_v1_or_v2_as_vllm_does():
@@ -90,9 +107,10 @@ def test_paged_prefill_over_a_cached_prefix_matches_torch(block_size, num_heads,
     seq_lens, q_lens = [21, 37, 18], [21, 7, 17]
     q, kc, vc, table, lens, qsl = paged_case(seq_lens, q_lens, block_size, num_heads, num_kv_heads, dtype, seed=1)
     out = torch.empty_like(q)
-    paged_prefill(out, q, kc, vc, table, lens, qsl, torch.arange(3), D**-0.5, max_query_len=21)
-    torch.testing.assert_close(out.float(), reference(q, kc, vc, table, lens, qsl, block_size),
-                               atol=TOL[dtype], rtol=TOL[dtype])
+    paged_prefill(out, q, kc, vc, table, lens, qsl, torch.arange(3, device=DEVICE), D**-0.5, max_query_len=21)
+    torch.testing.assert_close(
+        out.float().cpu(), reference(q, kc, vc, table, lens, qsl, block_size), atol=TOL[dtype], rtol=TOL[dtype]
+    )
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -106,18 +124,18 @@ def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
     k, v = torch.randn(2, 9, 2, D, generator=g)
     slots = torch.randperm(4 * block_size, generator=g)[:5] if block_size > 1 else torch.tensor([3, 0, 2])
     k, v = k[: len(slots)], v[: len(slots)]
-    got = [torch.zeros(4, block_size, 2, D, dtype=dtype) for _ in range(2)]
+    got = [torch.zeros(4, block_size, 2, D, dtype=dtype, device=DEVICE) for _ in range(2)]
     want = [torch.zeros(4, block_size, 2, D, dtype=dtype) for _ in range(2)]
-    store_kv(got[0], got[1], k, v, slots)
+    store_kv(got[0], got[1], k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE))
     torch_store_kv(want[0], want[1], k, v, slots)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
 def test_store_kv_skips_padding_slots():
     need_triton()
     from pagedlab.attention.triton_store import store_kv
 
-    kc, vc = torch.zeros(2, 4, 1, D), torch.zeros(2, 4, 1, D)
-    k = torch.ones(3, 1, D)
-    store_kv(kc, vc, k, k, torch.tensor([5, -1, 2]))
+    kc, vc = torch.zeros(2, 4, 1, D, device=DEVICE), torch.zeros(2, 4, 1, D, device=DEVICE)
+    k = torch.ones(3, 1, D, device=DEVICE)
+    store_kv(kc, vc, k, k, torch.tensor([5, -1, 2], device=DEVICE))
     assert kc.view(-1, D).sum(1).nonzero().flatten().tolist() == [2, 5]

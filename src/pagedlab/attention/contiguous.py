@@ -11,7 +11,7 @@ At stage 1 a request's context is one contiguous run of slots that starts at
 its region: slot = region_start + position. Stage 2 overrides `context_slots`
 to look each position up through the block table instead.
 
-Shapes: T new tokens, B requests, L = max context length, H, KVH, D as in base.py.
+Shapes: T new tokens, N decodes, S = their context tokens laid end to end, H, KVH, D as in base.py.
 """
 
 from __future__ import annotations
@@ -48,40 +48,47 @@ class ContiguousAttention:
         self.num_queries_per_kv = num_queries_per_kv
         self.scale = head_dim**-0.5
 
-    def context_slots(self, meta: AttentionMetadata) -> torch.Tensor:
-        """[B, L] cache slot of every context position of every request (past seq_len: don't care)."""
-        region_start = meta.block_table[:, 0].long() * meta.block_size  # [B]
-        positions = torch.arange(meta.max_seq_len, device=region_start.device)  # [L]
-        return region_start[:, None] + positions[None, :]
+    def context_slots(self, meta: AttentionMetadata, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slot of context position positions[i] of request rows[i]: its region's start + position."""
+        region_start = meta.block_table[rows, 0].long() * meta.block_size
+        return region_start + positions
 
     def forward(self, layer_idx, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache[layer_idx]
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        slots = self.context_slots(meta)  # [B, L]
-        keys = k_cache.view(-1, *k.shape[1:])[slots]  # [B, L, KVH, D]
-        values = v_cache.view(-1, *v.shape[1:])[slots]  # [B, L, KVH, D]
-        return self._attend(q, keys, values, meta)
-
-    def _attend(self, q, keys, values, meta: AttentionMetadata) -> torch.Tensor:
-        """Decodes (one query each) in one batched op; prefill chunks one request at a time."""
+        k_flat = k_cache.view(-1, *k.shape[1:])  # [slots, KVH, D]
+        v_flat = v_cache.view(-1, *v.shape[1:])
         out = torch.empty_like(q)
-        qsl = meta.query_start_loc_cpu
         if meta.decode_rows_cpu:
-            rows = meta.decode_rows
-            tokens = meta.query_start_loc[rows]  # the one query token of each decode
-            out[tokens] = self._decode(q[tokens], keys[rows], values[rows], meta.seq_lens[rows])
-        for b in meta.prefill_rows_cpu:
-            n = meta.seq_lens_cpu[b]
-            kk = repeat_kv(keys[b, :n], self.num_queries_per_kv)  # [n, H, D]
-            vv = repeat_kv(values[b, :n], self.num_queries_per_kv)
+            tokens = meta.query_start_loc[meta.decode_rows]  # the one query token of each decode
+            out[tokens] = self._decode(q[tokens], k_flat, v_flat, meta)
+        qsl = meta.query_start_loc_cpu
+        for b in meta.prefill_rows_cpu:  # a prefill chunk: its queries over its whole context, causally
+            positions = torch.arange(meta.seq_lens_cpu[b], device=q.device)
+            slots = self.context_slots(meta, torch.full_like(positions, b), positions)
+            kk = repeat_kv(k_flat[slots], self.num_queries_per_kv)  # [n, H, D]
+            vv = repeat_kv(v_flat[slots], self.num_queries_per_kv)
             out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale)
         return out
 
-    def _decode(self, q, keys, values, seq_lens) -> torch.Tensor:
-        """q [N, H, D] over keys/values [N, L, KVH, D], each row masked to its seq_len -> [N, H, D]."""
-        kk = repeat_kv(keys, self.num_queries_per_kv).float()  # [N, L, H, D]
-        vv = repeat_kv(values, self.num_queries_per_kv).float()
-        scores = torch.einsum("nhd,nlhd->nhl", q.float(), kk) * self.scale  # [N, H, L]
-        past_end = torch.arange(kk.shape[1], device=q.device)[None, :] >= seq_lens[:, None]  # [N, L]
-        scores = scores.masked_fill(past_end[:, None, :], float("-inf"))
-        return torch.einsum("nhl,nlhd->nhd", scores.softmax(dim=-1), vv).to(q.dtype)
+    def _decode(self, q, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
+        """All decodes at once, each over exactly its own context (no padding to the longest).
+
+        The contexts are laid end to end (S tokens in all); `req` says whose each token is, and the
+        softmax is taken per request with segment reductions (index_reduce_ / index_add_).
+        q [N, H, D] -> [N, H, D]; query head h reads KV head h // G (G = H / KVH, no repeat_kv copy).
+        """
+        rows = meta.decode_rows
+        lens = meta.seq_lens[rows]  # [N]
+        n, kvh, d = len(rows), k_flat.shape[1], k_flat.shape[2]
+        req = torch.repeat_interleave(torch.arange(n, device=q.device), lens)  # [S]
+        positions = torch.arange(len(req), device=q.device) - (torch.cumsum(lens, 0) - lens)[req]  # [S]
+        slots = self.context_slots(meta, rows[req], positions)  # [S]
+        k, v = k_flat[slots].float(), v_flat[slots].float()  # [S, KVH, D]
+        qg = q.float().view(n, kvh, -1, d)  # [N, KVH, G, D]
+        s = torch.einsum("skgd,skd->skg", qg[req], k) * self.scale  # [S, KVH, G]
+        m = torch.full_like(qg[..., 0], float("-inf")).index_reduce_(0, req, s, "amax")  # [N, KVH, G]
+        p = torch.exp(s - m[req])
+        denom = torch.zeros_like(m).index_add_(0, req, p)
+        acc = torch.zeros_like(qg).index_add_(0, req, p[..., None] * v[:, :, None, :])  # [N, KVH, G, D]
+        return (acc / denom[..., None]).reshape(q.shape).to(q.dtype)

@@ -30,12 +30,11 @@ class PagedAttention(ContiguousAttention):
 
     # BEGIN SOLUTION
     # TASK: paged gather: the cache slot of every context position, through the block table.
-    def context_slots(self, meta: AttentionMetadata) -> torch.Tensor:
-        """[B, L] slot of every context position: block_table[p // bs] * bs + p % bs."""
+    def context_slots(self, meta: AttentionMetadata, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache slot of context position p = positions[i] of request rows[i]:
+        block_table[row, p // block_size] * block_size + p % block_size."""
         bs = meta.block_size
-        positions = torch.arange(meta.max_seq_len, device=meta.block_table.device)  # [L]
-        logical = (positions // bs).expand(meta.num_reqs, -1)  # [B, L]
-        physical = meta.block_table.long().gather(1, logical)  # [B, L]
+        physical = meta.block_table[rows, positions // bs].long()  # [S]
         return physical * bs + positions % bs
 
     # END SOLUTION

@@ -16,10 +16,20 @@ import json
 import sys
 from collections.abc import Callable
 
+from pagedlab.bench.kernel import run_kernel
 from pagedlab.bench.memory import run_memory
+from pagedlab.bench.prefix import run_prefix
+from pagedlab.bench.scheduler import run_scheduler
+from pagedlab.bench.sharing import run_sharing
+from pagedlab.bench.throughput import run_throughput
 
 BENCHES: dict[str, Callable[..., dict]] = {
     "memory": run_memory,  # Figure 2: where KV memory goes, contiguous vs paged
+    "prefix": run_prefix,  # §6.4: prefill computed and time to first token with a shared prefix, cached or not
+    "sharing": run_sharing,  # Figure 15: KV blocks saved by sharing, parallel sampling and beam search
+    "throughput": run_throughput,  # §6.2 at our scale: continuous vs static batching (and HF generate), CPU
+    "scheduler": run_scheduler,  # microseconds per schedule() + update() as the running batch grows
+    "kernel": run_kernel,  # stage-6 Triton kernels vs torch: parity on CPU (interpreter); latency, bandwidth on GPU
 }
 
 

@@ -1,0 +1,405 @@
+"""Benchmarks: `pagedlab bench kernel`, the stage-6 Triton kernels against the torch reference.
+
+Builds on: attention/triton_decode.py, attention/triton_prefill.py, attention/paged.py (the torch reference).
+Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
+
+One decode step of B requests, each with a context of L tokens in a paged cache with shuffled block tables:
+
+    impl            what runs
+    torch           PagedAttention.forward: gather K/V through the block table into [B, L, KVH, D], softmax
+    triton-v1       paged_decode(version="v1"): one program per (request, head) walks its block table
+    triton-v2       paged_decode(version="v2"): one program per (request, head, partition), then a reduce
+    sdpa            torch's scaled_dot_product_attention over contiguous K/V: no paging at all
+    triton-prefill  paged_prefill: a chunk of new queries at the end of each context (compute-bound)
+
+A decode step must read every key and value of the context once, so its useful traffic is
+bytes = 2 * B * L * KVH * D * element size (q and out add 2 * B * H * D * element size). Achieved GB/s =
+bytes / latency, and its share of the device's peak says how close a kernel comes to the memory wall. The
+same bytes are used for every impl: the torch path moves several times more (the gather writes a copy,
+then reads it back in fp32), and that is exactly what its lower share shows.
+
+On a GPU: latencies are triton.testing.do_bench medians; the peak comes from PEAK_GBPS by device name, or
+from `python -m pagedlab.bench.kernel --peak-gbps N` (or PAGEDLAB_PEAK_GBPS=N for `pagedlab bench kernel`).
+On a CPU, or wherever TRITON_INTERPRET=1, the kernels run in Triton's interpreter (every program in Python,
+one after another): the times mean nothing, so it is a parity run on tiny shapes, with latency_us and
+bandwidth_share null and the wall time of each call in `call_s`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+GPU_BATCHES = (1, 8, 64)
+GPU_CONTEXTS = (512, 1024, 4096)
+DTYPES = ("float16", "bfloat16", "float32")
+PREFILL_CHUNK = 512  # new tokens per request in the prefill rows (at most the context)
+CPU_BATCHES, CPU_CONTEXTS, CPU_PREFILL_CHUNK = (2,), (37,), 16  # 37 ends mid-block: the masks matter
+IMPLS = ("torch", "triton-v1", "triton-v2", "sdpa", "triton-prefill")  # the order of each configuration's rows
+KERNEL_MODULES = ("pagedlab.attention.triton_decode", "pagedlab.attention.triton_prefill")
+# Vendor spec sheets, GB/s; the first name contained in torch.cuda.get_device_name() wins (order matters).
+# fmt: off
+PEAK_GBPS = (
+    ("GH200", 4000), ("H200", 4800), ("H100 PCIe", 2000), ("H100 NVL", 3900), ("H100", 3350),
+    ("A100-SXM4-80GB", 2039), ("A100 80GB PCIe", 1935), ("A100", 1555),
+    ("L40S", 864), ("L40", 864), ("L4", 300), ("RTX 4090", 1008), ("A10G", 600), ("T4", 320),
+)
+# fmt: on
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """The attention shape of one layer, and the paging around it."""
+
+    num_heads: int  # H query heads
+    num_kv_heads: int  # KVH key/value heads (GQA: H // KVH queries share one)
+    head_dim: int  # D
+    block_size: int  # tokens per KV block
+    partition_size: int  # V2's partition, in tokens
+
+
+GPU_SHAPE = HeadShape(32, 8, 128, 16, 512)  # Llama-3-8B's attention, vLLM's defaults
+CPU_SHAPE = HeadShape(4, 2, 32, 16, 16)  # the bundled model's heads; partitions of 16 split a context of 37
+
+
+def peak_gbps_for(device_name: str) -> float | None:
+    """The spec-sheet bandwidth of a device by name, or None if it is not in PEAK_GBPS."""
+    name = device_name.lower()
+    return next((float(gbps) for key, gbps in PEAK_GBPS if key.lower() in name), None)
+
+
+def select_mode(console) -> str | None:
+    """'gpu', 'interpreter' (set here if needed), or None when Triton cannot run in this process (said why)."""
+    if importlib.util.find_spec("triton") is None:
+        console.print("kernel: triton is not installed (`pip install triton`, Linux only): nothing to measure")
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "interpreter"  # chosen by the caller (the test suite does), even where CUDA exists
+    if torch.cuda.is_available():
+        return "gpu"
+    if any(m in sys.modules for m in KERNEL_MODULES):
+        console.print(
+            "kernel: no CUDA device, and pagedlab's Triton kernels were already imported without "
+            "TRITON_INTERPRET=1; run again in a fresh process (or set TRITON_INTERPRET=1 first)"
+        )
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton and the kernels are imported (below, lazily)
+    console.print("kernel: no CUDA device: set TRITON_INTERPRET=1 before importing triton")
+    return "interpreter"
+
+
+@dataclass
+class PagedCase:
+    """Random K/V for B requests of L tokens each, in a paged cache with shuffled block tables."""
+
+    kv_cache: torch.Tensor  # [1 layer, 2, num_blocks, block_size, KVH, D]
+    block_table: torch.Tensor  # [B, ceil(L / block_size)] int32
+    context_len: int  # L, the same for every request
+    shape: HeadShape
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        return self.kv_cache[0, 0]  # [num_blocks, block_size, KVH, D]
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        return self.kv_cache[0, 1]
+
+    def slots(self) -> torch.Tensor:
+        """[B, L] the cache slot of every context position."""
+        bs = self.shape.block_size
+        pos = torch.arange(self.context_len, device=self.block_table.device)
+        return self.block_table[:, pos // bs].long() * bs + pos % bs
+
+    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous K and V, [B, L, KVH, D] each: the copy the torch reference makes every step."""
+        s, slots = self.shape, self.slots()
+        k = self.k_cache.reshape(-1, s.num_kv_heads, s.head_dim)  # [slots, KVH, D]
+        v = self.v_cache.reshape(-1, s.num_kv_heads, s.head_dim)
+        return k[slots], v[slots]
+
+
+def make_case(batch: int, context_len: int, shape: HeadShape, dtype: torch.dtype, device: str, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    per = -(-context_len // shape.block_size)
+    num_blocks = batch * per + 1  # one block nobody uses: tables never cover the whole pool in order
+    size = (1, 2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    kv = torch.randn(size, generator=g, device=device).to(dtype)
+    perm = torch.randperm(num_blocks, generator=g, device=device)[: batch * per]
+    return PagedCase(kv, perm.view(batch, per).to(torch.int32), context_len, shape)
+
+
+def reference(case: PagedCase, q: torch.Tensor, q_len: int, seq_lens: list[int] | None = None) -> torch.Tensor:
+    """fp32 attention of each request's last q_len positions over its context (seq_lens[b] tokens, default L),
+    gathered through the block table: [B * q_len, H, D]."""
+    from pagedlab.attention.base import causal_attention, repeat_kv
+
+    s, (keys, values) = case.shape, case.gather()
+    rep = s.num_heads // s.num_kv_heads
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for b, n in enumerate(seq_lens or [case.context_len] * keys.shape[0]):
+        qb = q[b * q_len : (b + 1) * q_len].float()
+        kb, vb = repeat_kv(keys[b, :n].float(), rep), repeat_kv(values[b, :n].float(), rep)  # [n, H, D]
+        out[b * q_len : (b + 1) * q_len] = causal_attention(qb, kb, vb, s.head_dim**-0.5)
+    return out
+
+
+def decode_metadata(case: PagedCase):
+    """The runner's metadata for one decode step of every request (the last position is the new token)."""
+    from pagedlab.attention.metadata import AttentionMetadata
+
+    b, dev = case.block_table.shape[0], case.block_table.device
+    rows = torch.arange(b, device=dev)
+    seq_lens = torch.full((b,), case.context_len, dtype=torch.int64, device=dev)
+    return AttentionMetadata(
+        query_start_loc=torch.arange(b + 1, device=dev),
+        query_start_loc_cpu=list(range(b + 1)),
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.tolist(),
+        slot_mapping=case.slots()[:, -1],  # [B] the slot of each request's last position
+        block_table=case.block_table,
+        max_seq_len=case.context_len,
+        block_size=case.shape.block_size,
+        decode_rows=rows,
+        decode_rows_cpu=rows.tolist(),
+        prefill_rows=rows[:0],
+        prefill_rows_cpu=[],
+        max_query_len=1,
+    )
+
+
+def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:
+    """impl name -> a no-argument function returning [B, H, D], all over the same cache and queries."""
+    import torch.nn.functional as F
+
+    from pagedlab.attention.paged import PagedAttention
+    from pagedlab.attention.triton_decode import paged_decode
+
+    s, meta, ctx = case.shape, decode_metadata(case), case.context_len
+    scale, rows = s.head_dim**-0.5, meta.decode_rows
+    torch_attn = PagedAttention(case.kv_cache, s.num_heads // s.num_kv_heads, s.head_dim)
+    # forward() stores the new token first: give it the K/V already in its slot, so the cache stays as it is
+    k_new = case.k_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]
+    v_new = case.v_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]
+    keys, values = (t.transpose(1, 2).contiguous() for t in case.gather())  # [B, KVH, L, D]
+
+    def triton(version):
+        def run():
+            out = torch.empty_like(q)
+            kv = (case.k_cache, case.v_cache, case.block_table, meta.seq_lens)
+            ps = s.partition_size
+            paged_decode(out, q, *kv, rows, rows, scale, max_seq_len=ctx, partition_size=ps, version=version)
+            return out
+
+        return run
+
+    def sdpa():
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, enable_gqa=True)  # [B, H, 1, D]
+        return out[:, :, 0]
+
+    return {
+        "torch": lambda: torch_attn.forward(0, q, k_new, v_new, meta),
+        "triton-v1": triton("v1"),
+        "triton-v2": triton("v2"),
+        "sdpa": sdpa,
+    }
+
+
+def prefill_impl(case: PagedCase, q: torch.Tensor, chunk: int):
+    """paged_prefill of a chunk of `chunk` new queries at the end of each request's context."""
+    from pagedlab.attention.triton_prefill import paged_prefill
+
+    b, dev, s = case.block_table.shape[0], q.device, case.shape
+    qsl = torch.arange(b + 1, device=dev) * chunk
+    seq_lens = torch.full((b,), case.context_len, dtype=torch.int64, device=dev)
+
+    rows, kv = torch.arange(b, device=dev), (case.k_cache, case.v_cache, case.block_table)
+
+    def run():
+        out = torch.empty_like(q)
+        paged_prefill(out, q, *kv, seq_lens, qsl, rows, s.head_dim**-0.5, max_query_len=chunk)
+        return out
+
+    return run
+
+
+def measure(fn, want: torch.Tensor, mode: str) -> dict:
+    """One call (checked against `want`), then on a GPU the do_bench median; never raises."""
+    try:
+        start = time.perf_counter()
+        got = fn()
+        if mode == "gpu":
+            torch.cuda.synchronize()
+        call_s = time.perf_counter() - start
+        err = (got.float() - want).abs().max().item()
+        latency_us = None
+        if mode == "gpu":
+            import triton.testing
+
+            latency_us = triton.testing.do_bench(fn, return_mode="median") * 1000
+        return {"latency_us": latency_us, "max_abs_err": err, "call_s": call_s, "error": None}
+    except Exception as e:  # an OOM or a kernel failure must not lose the other rows
+        if mode == "gpu":
+            torch.cuda.empty_cache()
+        return failed(e)
+
+
+def kernel_rows(mode: str, batches, context_lens, dtypes, shape: HeadShape, chunk: int, peak: float | None) -> list:
+    """Every (batch, context, dtype): one decode step through each impl, plus one prefill chunk."""
+    device = "cuda" if mode == "gpu" else "cpu"
+    rows = []
+    for batch in batches:
+        for ctx in context_lens:
+            for name in dtypes:
+                common = dict(batch=batch, context_len=ctx, dtype=name, mode=mode, peak_gbps=peak, **vars(shape))
+                rows += safe_config_rows(shape, getattr(torch, name), device, min(chunk, ctx), common)
+    return rows
+
+
+def safe_config_rows(shape: HeadShape, dtype: torch.dtype, device: str, chunk: int, common: dict) -> list[dict]:
+    """config_rows, or one error row per impl when building the case itself fails (e.g. out of memory)."""
+    try:
+        case = make_case(common["batch"], common["context_len"], shape, dtype, device)
+        return config_rows(case, chunk, common)
+    except Exception as e:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return [make_row(i, failed(e), 0, common, q_len=None, launcher_picks=None, tflops=None) for i in IMPLS]
+
+
+def failed(e: Exception) -> dict:
+    return {"latency_us": None, "max_abs_err": None, "call_s": None, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+@torch.inference_mode()
+def config_rows(case: PagedCase, chunk: int, common: dict) -> list[dict]:
+    """The rows of one (batch, context, dtype): decode through every impl, then one prefill chunk of `chunk`."""
+    from pagedlab.attention.triton_decode import use_v1
+
+    s, batch, ctx, mode = case.shape, common["batch"], common["context_len"], common["mode"]
+    dtype = case.kv_cache.dtype
+    g = torch.Generator(device=case.kv_cache.device).manual_seed(1)
+    q = torch.randn(batch, s.num_heads, s.head_dim, generator=g, device=g.device).to(dtype)  # [B, H, D]
+    qp = torch.randn(batch * chunk, s.num_heads, s.head_dim, generator=g, device=g.device).to(dtype)
+    elem = case.kv_cache.element_size()
+    kv_bytes = 2 * batch * ctx * s.num_kv_heads * s.head_dim * elem  # every K and V of the context, once
+    q_out_bytes = 2 * batch * s.num_heads * s.head_dim * elem
+    picks = "v1" if use_v1(ctx, batch, s.num_heads, s.partition_size) else "v2"
+    want, rows = reference(case, q, 1), []
+    for impl, fn in decode_impls(case, q).items():
+        m = measure(fn, want, mode)
+        rows.append(make_row(impl, m, kv_bytes + q_out_bytes, common, q_len=1, launcher_picks=picks, tflops=None))
+    m = measure(prefill_impl(case, qp, chunk), reference(case, qp, chunk), mode)
+    keys_seen = chunk * (ctx - chunk) + chunk * (chunk + 1) // 2  # causal: query i sees ctx - chunk + i + 1 keys
+    flops = 4 * batch * s.num_heads * s.head_dim * keys_seen  # QK^T and PV, 2 flops per multiply-add
+    tflops = flops / (m["latency_us"] * 1e-6) / 1e12 if m["latency_us"] else None
+    rows.append(make_row("triton-prefill", m, kv_bytes, common, q_len=chunk, launcher_picks=None, tflops=tflops))
+    return rows
+
+
+def make_row(impl: str, m: dict, nbytes: int, common: dict, **extra) -> dict:
+    """A flat row: DESIGN §6 fields first; bandwidth_share only for decode (prefill is compute-bound)."""
+    gbps = nbytes / (m["latency_us"] * 1e-6) / 1e9 if m["latency_us"] else None
+    peak = common["peak_gbps"]
+    share = gbps / peak if gbps and peak and impl != "triton-prefill" else None
+    row = {"impl": impl, "batch": common["batch"], "context_len": common["context_len"], "dtype": common["dtype"]}
+    row.update(latency_us=m["latency_us"], bandwidth_share=share, max_abs_err=m["max_abs_err"], gbps=gbps)
+    row.update(bytes=nbytes, call_s=m["call_s"], interpreted=common["mode"] == "interpreter", error=m["error"])
+    row.update({k: v for k, v in common.items() if k not in row and k != "mode"}, **extra)
+    return row
+
+
+def run_kernel(
+    console,
+    *,
+    figure: bool = True,
+    peak_gbps: float | None = None,
+    batches=None,
+    context_lens=None,
+    dtypes=DTYPES,
+    prefill_chunk: int | None = None,
+) -> dict:
+    """The `kernel` bench: rows and a table on `console` (it draws no figure). Shapes default by mode."""
+    mode = select_mode(console)
+    if mode is None:
+        return {"bench": "kernel", "rows": []}
+    start, gpu = time.perf_counter(), mode == "gpu"
+    device = torch.cuda.get_device_name() if gpu else "CPU, Triton interpreter"
+    peak = peak_gbps or float(os.environ.get("PAGEDLAB_PEAK_GBPS", 0)) or (peak_gbps_for(device) if gpu else None)
+    if gpu:
+        console.print(f"kernel: {device}, peak {peak or 'unknown (pass --peak-gbps)'} GB/s; do_bench medians")
+    else:
+        console.print(
+            "kernel: [bold]parity only[/bold]. Under the interpreter every program runs in Python, one after "
+            "another: its times say nothing about a GPU, so latency_us and bandwidth_share are null and `call s` "
+            "is the interpreter's wall time."
+        )
+    rows = kernel_rows(
+        mode,
+        batches or (GPU_BATCHES if gpu else CPU_BATCHES),
+        context_lens or (GPU_CONTEXTS if gpu else CPU_CONTEXTS),
+        dtypes,
+        GPU_SHAPE if gpu else CPU_SHAPE,
+        prefill_chunk or (PREFILL_CHUNK if gpu else CPU_PREFILL_CHUNK),
+        peak,
+    )
+    console.print(kernel_table(rows, device))
+    if gpu:
+        console.print(headline(rows))
+    console.print(f"[dim]kernel: {time.perf_counter() - start:.1f} s[/dim]")
+    return {"bench": "kernel", "rows": rows}
+
+
+def headline(rows: list[dict]) -> str:
+    """The chapter's number: bandwidth share of V1 and V2 at the largest batch and context, in fp16."""
+    big = [r for r in rows if r["dtype"] == "float16" and r["impl"] in ("triton-v1", "triton-v2", "torch", "sdpa")]
+    if not big:
+        return "kernel: no float16 rows"
+    top = max((r["batch"], r["context_len"]) for r in big)
+    at = {r["impl"]: r["bandwidth_share"] for r in big if (r["batch"], r["context_len"]) == top}
+    shares = ", ".join(f"{k} {'-' if v is None else format(v, '.0%')}" for k, v in at.items())
+    return f"kernel: bandwidth share at batch {top[0]}, context {top[1]}, fp16: {shares}"
+
+
+def kernel_table(rows: list[dict], device: str):
+    from rich.table import Table
+
+    r0 = rows[0] if rows else {}
+    shape = f"H={r0.get('num_heads')}, KVH={r0.get('num_kv_heads')}, D={r0.get('head_dim')}"
+    table = Table(title=f"Paged attention on {device} ({shape}, block {r0.get('block_size')}); error vs fp32 torch")
+    for col in ("impl", "batch", "context", "q_len", "dtype", "latency µs", "GB/s", "share of peak", "max |err|"):
+        table.add_column(col, justify="right")
+    table.add_column("call s", justify="right")
+
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    for r in rows:
+        err = r["error"] or fmt(r["max_abs_err"], ".1e")
+        cells = (r["impl"], r["batch"], r["context_len"], r["q_len"], r["dtype"], fmt(r["latency_us"], ".1f"))
+        more = (fmt(r["gbps"], ".0f"), fmt(r["bandwidth_share"], ".1%"), err, fmt(r["call_s"], ".3f"))
+        table.add_row(*map(str, cells + more))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pagedlab.bench.kernel [--json] [--peak-gbps N]`: the bench with its own options."""
+    import argparse
+
+    from pagedlab.bench import run_bench
+
+    parser = argparse.ArgumentParser(prog="python -m pagedlab.bench.kernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
+    parser.add_argument("--peak-gbps", type=float, default=None, help="the device's peak bandwidth, GB/s")
+    args = parser.parse_args(argv)
+    run_bench("kernel", as_json=args.json, peak_gbps=args.peak_gbps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

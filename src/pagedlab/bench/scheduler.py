@@ -1,0 +1,155 @@
+"""Benchmarks: `pagedlab bench scheduler`, the cost of one schedule() + update() as the running batch grows.
+
+Builds on: the stage-5 parts (sched/continuous.py, its KV manager), request.py, sched/output.py.
+Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+
+A fake model stands in for the forward pass (no tensors at all): every request
+that reached the end of its known tokens samples the same token. N requests
+are admitted and prefilled, then N-request decode steps are timed:
+
+    prefill   schedule() -> fake model -> update()            (untimed: admits all N)
+    decode    [schedule()] -> fake model -> [update()]  x STEPS  (timed: the bracketed calls)
+
+The pool and the token budget are large enough that nothing is preempted and
+nobody finishes, so every timed step schedules exactly N decodes: the cost is
+the scheduler's and the KV manager's Python bookkeeping, the part of a step
+that a faster model cannot shrink: on a GPU, where a decode step of a small
+model takes milliseconds, this is the overhead continuous batching pays for
+re-forming the batch every step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+from pagedlab.config import EngineConfig
+from pagedlab.request import Request
+from pagedlab.sampling_params import SamplingParams
+from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+RUNNING = (16, 32, 64, 128, 256, 512, 1024)
+STEPS = 64  # timed decode steps per size
+PROMPT_LEN = 32  # tokens per prompt: two full blocks, hashed for the prefix cache as in a real run
+BLOCK_SIZE = 16
+STAGE = 5
+SAMPLED_TOKEN = 7  # what the fake model samples, for everyone
+EOS = 1
+
+
+def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMPT_LEN, block_size: int = BLOCK_SIZE):
+    """The stage-5 scheduler and KV manager, sized so that `num_running` requests decode `steps` tokens unhindered."""
+    from pagedlab.stages import get_preset
+
+    max_len = prompt_len + steps + 2
+    blocks = num_running * -(-max_len // block_size)
+    config = EngineConfig.create(
+        STAGE,
+        max_len,
+        1,  # bytes per KV token: no cache is allocated, so any positive value
+        block_size=block_size,
+        max_model_len=max_len,
+        num_kv_blocks=blocks,
+        max_num_seqs=num_running,
+        max_num_batched_tokens=num_running * prompt_len,  # the whole first step's prefill in one budget
+    )
+    preset = get_preset(STAGE)
+    return preset.scheduler(config, preset.kv_manager.from_config(config))
+
+
+def add_requests(scheduler, num_running: int, max_tokens: int, prompt_len: int = PROMPT_LEN) -> None:
+    """`num_running` requests with distinct prompts (no prefix-cache hits between them), ignoring EOS."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i in range(num_running):
+        prompt = list(range(i * prompt_len + 2, (i + 1) * prompt_len + 2))
+        scheduler.add_request([Request(f"r{i}", prompt, params, max_tokens, eos_token_ids=(EOS,))])
+
+
+def fake_model(so: SchedulerOutput) -> ModelRunnerOutput:
+    """Every request whose known tokens are all fed this step samples SAMPLED_TOKEN."""
+    samplers = [
+        r.request_id for r, n in zip(so.scheduled, so.num_scheduled_tokens) if r.num_computed_tokens + n == r.num_tokens
+    ]
+    n = len(samplers)
+    return ModelRunnerOutput(samplers, [SAMPLED_TOKEN] * n, [0.0] * n, [None] * n)
+
+
+def time_decode_steps(num_running: int, steps: int = STEPS) -> dict:
+    """Prefill `num_running` requests, then time `steps` decode steps; per-step medians in microseconds."""
+    scheduler = make_scheduler(num_running, steps)
+    add_requests(scheduler, num_running, max_tokens=steps + 2)
+    so = scheduler.schedule()
+    scheduler.update(so, fake_model(so))
+    assert len(scheduler.running) == num_running, "the prefill step must admit every request"
+    schedule_ns, update_ns = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        so = scheduler.schedule()
+        t1 = time.perf_counter_ns()
+        sampled = fake_model(so)
+        t2 = time.perf_counter_ns()
+        scheduler.update(so, sampled)
+        t3 = time.perf_counter_ns()
+        assert so.num_scheduled_tokens == [1] * num_running, "every timed step is num_running decodes"
+        schedule_ns.append(t1 - t0)
+        update_ns.append(t3 - t2)
+    assert scheduler.num_preemptions == 0 and len(scheduler.running) == num_running
+    return {"schedule_ns": schedule_ns, "update_ns": update_ns}
+
+
+def scheduler_row(num_running: int, timings: dict) -> dict:
+    """One flat row: DESIGN §6 fields first, then extras. Medians: other work on the machine only adds outliers."""
+    per_step = [s + u for s, u in zip(timings["schedule_ns"], timings["update_ns"])]
+    us_per_step = statistics.median(per_step) / 1000
+    return {
+        "running": num_running,
+        "us_per_step": us_per_step,
+        "us_per_request": us_per_step / num_running,
+        "us_schedule": statistics.median(timings["schedule_ns"]) / 1000,
+        "us_update": statistics.median(timings["update_ns"]) / 1000,
+        "us_per_step_mean": statistics.fmean(per_step) / 1000,
+        "steps": len(per_step),
+        "stage": STAGE,
+        "block_size": BLOCK_SIZE,
+        "prompt_len": PROMPT_LEN,
+    }
+
+
+def scheduler_rows(running=RUNNING, steps: int = STEPS) -> list[dict]:
+    return [scheduler_row(n, time_decode_steps(n, steps)) for n in running]
+
+
+def run_scheduler(console, *, figure: bool = True, running=RUNNING, steps: int = STEPS) -> dict:
+    """The `scheduler` bench: rows and a table on `console` (it draws no figure)."""
+    start = time.perf_counter()
+    console.print(f"[dim]scheduler: stage {STAGE}, fake model, {steps} decode steps per size …[/dim]")
+    rows = scheduler_rows(running, steps)
+    console.print(scheduler_table(rows))
+    console.print(f"[dim]scheduler: {time.perf_counter() - start:.1f} s[/dim]")
+    return {"bench": "scheduler", "rows": rows}
+
+
+def scheduler_table(rows: list[dict]) -> Table:
+    from rich.table import Table
+
+    r0 = rows[0]
+    title = (
+        f"Stage-{r0['stage']} scheduler: schedule() + update() per decode step, fake model "
+        f"(medians of {r0['steps']} steps; block {r0['block_size']}, prompts of {r0['prompt_len']} tokens)"
+    )
+    table = Table(title=title)
+    for col in ("running", "µs / step", "µs / request", "schedule()", "update()"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["running"]),
+            f"{r['us_per_step']:.0f}",
+            f"{r['us_per_request']:.2f}",
+            f"{r['us_schedule']:.0f} µs",
+            f"{r['us_update']:.0f} µs",
+        )
+    return table

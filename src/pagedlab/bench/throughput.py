@@ -1,0 +1,494 @@
+"""Benchmarks: `pagedlab bench throughput`, continuous vs static batching on the bundled model (DESIGN §6).
+
+Builds on: llm.py (stage 4 `prefix`: static batching; stage 5 `continuous`), bench/workloads.py, and Hugging Face
+transformers when it is installed (the `hf-generate` baseline).
+Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+
+One seeded ShareGPT-like stream, every request queued at t=0, greedy, output
+lengths enforced with ignore_eos. Each system serves the whole stream:
+
+    static                stage 4: admit a batch by its worst case, run it until its longest request ends
+    continuous            stage 5: the batch is re-formed every step; a freed seat is refilled at once
+    continuous-recompute  stage 5 on a quarter of the pool: it preempts, and recomputes its victims
+    hf-generate           transformers' `generate` on left-padded batches of max_num_seqs, in stream order
+
+    static      | A A A A A A A A |           B's and C's seats stay empty
+                | B B B . . . . . |           until A, the batch's longest, ends
+                | C C C C C . . . |
+    continuous  | A A A A A A A A |
+                | B B B D D D D D |           D takes B's seat the step after B ends
+                | C C C C C E E E |
+
+Per system: tokens/s (output tokens ÷ wall time), requests/s, normalized latency
+(mean over requests of (finished - arrival) ÷ output length), time to first
+token, preemptions; plus the steps taken, the share of step time inside the
+model, and the process's CPU time (on a shared machine, wall time also counts
+the other programs; CPU time does not).
+
+Continuous batching takes fewer steps; it is faster only as far as a step
+costs the same whatever the batch (a GPU, bound by reading the weights). Here
+the torch reference attention gathers every request's context padded to the
+batch's longest, so a CPU step costs about a + c x requests x longest context:
+fuller batches make dearer steps, the tiny model's weights cost next to
+nothing, and a continuous batch, mixing old long requests with new short ones,
+pads more than a static one (the `context_padding` field). The `steps` ratio
+shows what a step of fixed cost would gain.
+
+Lengths are the paper's ShareGPT shape (max_model_len 2048) scaled by 1/4 so
+that the bench runs in a few minutes on two CPU cores; torch runs on one thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagedlab.bench.workloads import sample_requests
+from pagedlab.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from rich.table import Table
+
+WORKLOAD = "sharegpt"
+NUM_REQUESTS = 128  # four static batches of MAX_NUM_SEQS: static pays its longest-request tail four times
+LENGTH_SCALE = 0.25  # prompt and output lengths x 1/4: prompt mean ~40, output mean ~100 tokens
+PAPER_MAX_MODEL_LEN = 2048  # lengths are drawn clipped as the paper's, then scaled
+MAX_NUM_SEQS = 32
+BLOCK_SIZE = 16  # vLLM's default
+SMALL_POOL_SHARE = 1 / 4  # the preempting systems' share of the pool (a third never ran dry on the default stream)
+TORCH_THREADS = 1  # the machine's cores are shared with other work: one thread keeps timings comparable
+CORPUS_CHARS = 200_000  # prompts are cut from the corpus's first characters
+TARGET_SPEEDUP = 2.0  # what continuous batching should gain over static here (tokens/s)
+PAPER = (
+    "paper (Kwon et al. 2023, A100 GPUs): vLLM improves throughput 2-4x over FasterTransformer and Orca "
+    "at the same latency; those baselines differ from ours (static batching in the same engine)"
+)
+
+
+@dataclass(frozen=True)
+class EngineSystem:
+    """A pagedlab engine configuration that serves the stream: one row of the bench."""
+
+    name: str  # the row's `system`
+    stage: str  # LLM(stage=...)
+    pool_share: float = 1.0  # share of the bench's num_kv_blocks it gets (< 1: small enough to preempt)
+    engine_args: dict = field(default_factory=dict)  # further EngineConfig overrides, e.g. preemption_mode
+
+
+# static and continuous share one pool. `continuous-swap` is one more entry like continuous-recompute, with
+# engine_args {"preemption_mode": "swap", "num_swap_blocks": ...}, once stage 5 swaps.
+ENGINE_SYSTEMS = (
+    EngineSystem("static", "prefix"),
+    EngineSystem("continuous", "continuous"),
+    EngineSystem("continuous-recompute", "continuous", SMALL_POOL_SHARE, {"preemption_mode": "recompute"}),
+)
+HF_SYSTEM = "hf-generate"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    """One request of the stream, with concrete prompt tokens."""
+
+    prompt_token_ids: tuple[int, ...]  # <bos>, then a seeded cut of the corpus
+    output_len: int  # output tokens to generate (enforced with ignore_eos), >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What one system did with the stream; times in seconds since the stream was queued."""
+
+    token_ids: list[list[int]]  # each request's output tokens, in stream order
+    first_token_s: list[float]  # per request: first token time - arrival time
+    latency_s: list[float]  # per request: finished time - arrival time
+    total_s: float  # wall time from queueing the stream to the end of its last request
+    cpu_s: float  # CPU time of this process meanwhile (all its threads)
+    steps: int  # forward passes that produced tokens (engine steps, or generate steps summed over batches)
+    preemptions: int | None  # requests preempted (None: the system has no such notion)
+    forward_share: float | None  # share of step time inside the model's forward and sampling (engines only)
+    num_kv_blocks: int | None  # the KV pool it ran with (None: Hugging Face's own cache)
+    decode_context: int  # context slots the decode attention read: each step's decode rows x its longest context
+
+
+def make_stream(tokenizer, num_requests: int = NUM_REQUESTS, length_scale: float = LENGTH_SCALE, seed: int = 0):
+    """Seeded ShareGPT-like lengths, scaled by `length_scale`, with prompts cut from the corpus after a <bos>."""
+    from pagedlab.train import corpus_path
+
+    specs = sample_requests(WORKLOAD, num_requests, seed=seed, max_model_len=PAPER_MAX_MODEL_LEN)
+    corpus = tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:CORPUS_CHARS])  # <bos> first
+    rng, stream = random.Random(f"throughput-{seed}"), []
+    for spec in specs:
+        prompt_len, output_len = (max(1, round(n * length_scale)) for n in (spec.prompt_len, spec.output_len))
+        start = rng.randrange(1, len(corpus) - prompt_len)
+        stream.append(StreamRequest((corpus[0], *corpus[start : start + prompt_len - 1]), output_len))
+    return stream
+
+
+def pool_blocks(stream: list[StreamRequest], max_num_seqs: int, block_size: int) -> int:
+    """A pool where any full batch fits under static worst-case admission: max_num_seqs of the longest request."""
+    return max_num_seqs * _blocks_of_longest(stream, block_size)
+
+
+def _blocks_of_longest(stream: list[StreamRequest], block_size: int) -> int:
+    return -(-max(len(r.prompt_token_ids) + r.output_len for r in stream) // block_size)
+
+
+def serve_engine(system: EngineSystem, stream: list[StreamRequest], num_kv_blocks: int, **engine_args) -> Served:
+    """Serve the stream with a fresh pagedlab engine (an empty prefix cache), all requests queued at once."""
+    from pagedlab.llm import LLM
+
+    args = {"num_kv_blocks": num_kv_blocks, "record_trace": True, **engine_args, **system.engine_args}
+    llm = LLM(stage=system.stage, **args)
+    params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in stream]
+    start, cpu_start = time.perf_counter(), time.process_time()
+    outputs = llm.generate([list(r.prompt_token_ids) for r in stream], params, use_tqdm=False)
+    total_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    times = [o.metrics for o in outputs]
+    stats = llm.engine.stats
+    return Served(
+        [o.outputs[0].token_ids for o in outputs],
+        [m["first_token_time"] - m["arrival_time"] for m in times],
+        [m["finished_time"] - m["arrival_time"] for m in times],
+        total_s,
+        cpu_s,
+        stats.num_steps,
+        stats.num_preemptions,
+        stats.forward_seconds / stats.step_seconds,
+        num_kv_blocks,
+        _decode_context(llm.engine.trace),
+    )
+
+
+def _decode_context(trace) -> int:
+    """The torch backend pads every row of a step to the step's longest context; decodes read all of it."""
+    total = 0
+    for step in trace:
+        num_decodes = sum(1 for n in step.scheduled.values() if n == 1)
+        total += num_decodes * max(step.kv_used[r] for r in step.scheduled)
+    return total
+
+
+def needed_context(stream: list[StreamRequest]) -> int:
+    """Context slots the stream's decodes need: feeding back output token j (1 .. o - 1) of a p-token prompt
+    reads p + j slots (the first output token comes with the prefill)."""
+    return sum((r.output_len - 1) * len(r.prompt_token_ids) + (r.output_len - 1) * r.output_len // 2 for r in stream)
+
+
+def hf_available() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load_hf_model():
+    """The bundled model as Hugging Face's LlamaForCausalLM (float32, eval), offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import LlamaForCausalLM
+
+    from pagedlab.model.loader import bundled_model_path
+
+    return LlamaForCausalLM.from_pretrained(bundled_model_path()).float().eval()
+
+
+def serve_hf(model, stream: list[StreamRequest], batch_size: int) -> Served:
+    """Static padded batches of `batch_size`, in stream order; each runs until the batch's longest output ends.
+
+    A request's first token and finish are the ends of its batch's first and output_len-th generate steps.
+    """
+    start, cpu_start = time.perf_counter(), time.process_time()
+    tokens, first, latency, steps, context = [], [], [], 0, 0
+    for i in range(0, len(stream), batch_size):
+        batch = stream[i : i + batch_size]
+        new, step_times = _generate_batch(model, batch)
+        width, n = max(len(r.prompt_token_ids) for r in batch), len(step_times)
+        context += len(batch) * ((n - 1) * width + (n - 1) * n // 2)  # every row, padded, until the longest ends
+        for row, r in enumerate(batch):
+            tokens.append(new[row, : r.output_len].tolist())  # its own output; the rest of the row is the batch's
+            first.append(step_times[0] - start)
+            latency.append(step_times[r.output_len - 1] - start)
+        steps += len(step_times)
+    total_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    return Served(tokens, first, latency, total_s, cpu_s, steps, None, None, None, context)
+
+
+def _generate_batch(model, batch: list[StreamRequest]):
+    """Greedy `generate` on one left-padded batch: (new token ids [B, N], the end time of each of the N steps)."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StepClock(StoppingCriteria):
+        """Never stops generation; notes when each step ends."""
+
+        def __init__(self):
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    width = max(len(r.prompt_token_ids) for r in batch)
+    pad = [width - len(r.prompt_token_ids) for r in batch]
+    ids = torch.tensor([[0] * p + list(r.prompt_token_ids) for p, r in zip(pad, batch)])  # [B, P]
+    mask = torch.tensor([[0] * p + [1] * (width - p) for p in pad])  # [B, P]: 0 = padding
+    clock = StepClock()
+    num_new = max(r.output_len for r in batch)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=num_new,
+            do_sample=False,
+            eos_token_id=None,  # run the full length past EOS, as ignore_eos does
+            pad_token_id=0,
+            stopping_criteria=StoppingCriteriaList([clock]),
+        )
+    assert out.shape[1] == width + num_new == width + len(clock.times), "generate stopped early"
+    return out[:, width:], clock.times
+
+
+def throughput_row(system: str, stream: list[StreamRequest], served: Served, **extras) -> dict:
+    """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
+    out_lens = [r.output_len for r in stream]
+    got = [len(t) for t in served.token_ids]
+    assert got == out_lens, f"{system}: output lengths {got} differ from the stream's {out_lens}"
+    output_tokens = sum(out_lens)
+    row = {"system": system, "workload": WORKLOAD, "num_requests": len(stream), "num_kv_blocks": served.num_kv_blocks}
+    row |= {"tokens_per_s": output_tokens / served.total_s, "requests_per_s": len(stream) / served.total_s}
+    row["normalized_latency_s"] = statistics.fmean(lat / n for lat, n in zip(served.latency_s, out_lens))
+    row |= {"ttft_s": statistics.fmean(served.first_token_s), "preemptions": served.preemptions}
+    row |= {"total_s": served.total_s, "latency_s": statistics.fmean(served.latency_s), "steps": served.steps}
+    row |= {"output_tokens": output_tokens, "prompt_tokens": sum(len(r.prompt_token_ids) for r in stream)}
+    row |= {"tokens_per_step": output_tokens / served.steps, "forward_share": served.forward_share}
+    row |= {"cpu_s": served.cpu_s, "tokens_per_cpu_s": output_tokens / served.cpu_s}
+    needed = needed_context(stream)
+    row["context_padding"] = served.decode_context / needed if needed else None
+    return row | extras
+
+
+def add_comparisons(rows: list[dict], served: dict[str, Served]) -> None:
+    """Each row's tokens/s ÷ static's and ÷ hf-generate's, and how many of its requests match static's tokens."""
+    by = {r["system"]: r for r in rows}
+    for row in rows:
+        for key, base in (("speedup_vs_static", "static"), ("speedup_vs_hf", HF_SYSTEM)):
+            row[key] = row["tokens_per_s"] / by[base]["tokens_per_s"] if base in by else None
+        ref = served.get("static")
+        same = None if ref is None else [a == b for a, b in zip(served[row["system"]].token_ids, ref.token_ids)]
+        row["same_tokens_as_static"] = None if same is None else sum(same) / len(same)
+
+
+def throughput_rows(
+    console,
+    num_requests: int = NUM_REQUESTS,
+    length_scale: float = LENGTH_SCALE,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    block_size: int = BLOCK_SIZE,
+    seed: int = 0,
+    systems: tuple[str, ...] | None = None,
+    repeats: int = 1,
+) -> list[dict]:
+    """Every system (all of ENGINE_SYSTEMS, and hf-generate when transformers is installed) on one seeded stream.
+
+    The systems take turns `repeats` times, each run on a fresh engine, and each system's fastest run is
+    reported: a burst of other work on the machine then slows one run, not one system.
+    """
+    from pagedlab.config import parse_stage
+    from pagedlab.llm import LLM
+
+    wanted = systems or (*(s.name for s in ENGINE_SYSTEMS), HF_SYSTEM)
+    warm_up = LLM(stage="continuous", max_num_seqs=max_num_seqs, block_size=block_size)
+    stream = make_stream(warm_up.get_tokenizer(), num_requests, length_scale, seed)
+    warm_up.generate([list(r.prompt_token_ids) for r in stream[:2]], use_tqdm=False)  # torch's first calls
+    blocks, longest = pool_blocks(stream, max_num_seqs, block_size), _blocks_of_longest(stream, block_size)
+    config = {"max_num_seqs": max_num_seqs, "block_size": block_size}
+    jobs, extras = {}, {}
+    for system in (s for s in ENGINE_SYSTEMS if s.name in wanted):
+        pool = max(longest, int(blocks * system.pool_share))
+        jobs[system.name] = functools.partial(serve_engine, system, stream, pool, **config)
+        mode = system.engine_args.get("preemption_mode")
+        extras[system.name] = {"stage": parse_stage(system.stage), "preemption_mode": mode}
+    if HF_SYSTEM in wanted and hf_available():
+        model = load_hf_model()
+        serve_hf(model, stream[:2], 2)  # torch's first calls
+        jobs[HF_SYSTEM] = functools.partial(serve_hf, model, stream, max_num_seqs)
+        extras[HF_SYSTEM] = {"stage": None, "preemption_mode": None}
+    served = _fastest_runs(console, jobs, repeats, len(stream))
+    rows = [throughput_row(name, stream, run, **extras[name]) for name, run in served.items()]
+    add_comparisons(rows, served)
+    common = {**config, "length_scale": length_scale, "torch_threads": TORCH_THREADS, "seed": seed, "repeats": repeats}
+    return [row | common for row in rows]
+
+
+def _fastest_runs(console, jobs: dict, repeats: int, num_requests: int) -> dict[str, Served]:
+    """Run every job `repeats` times, taking turns; keep each one's fastest run."""
+    best: dict[str, Served] = {}
+    for i in range(repeats):
+        for name, serve in jobs.items():
+            console.print(f"[dim]throughput: {name}, {num_requests} requests, run {i + 1} of {repeats} …[/dim]")
+            run = serve()
+            if name not in best or run.total_s < best[name].total_s:
+                best[name] = run
+    return best
+
+
+def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
+    """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png. Torch runs on one thread."""
+    import torch
+
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    try:
+        rows = throughput_rows(console, **options)
+    finally:
+        torch.set_num_threads(threads)
+    console.print(throughput_table(rows))
+    console.print(ratios_table(rows))
+    console.print(target_line(rows))
+    console.print(f"[dim]{PAPER}[/dim]")
+    if figure:
+        console.print(f"wrote {save_throughput_figure(rows, figures_dir)}")
+    console.print(f"[dim]throughput: {time.perf_counter() - start:.1f} s[/dim]")
+    return {"bench": "throughput", "rows": rows}
+
+
+def throughput_table(rows: list[dict]) -> Table:
+    """A rich table of the rows: speed, latency, and where the steps went."""
+    from rich.table import Table
+
+    r0, n = rows[0], rows[0]["num_requests"]
+    title = (
+        f"Throughput, {r0['workload']}-like lengths x {r0['length_scale']:g} ({n} requests, prompt "
+        f"{r0['prompt_tokens'] / n:.0f} + output {r0['output_tokens'] / n:.0f} tokens on average), all queued at t=0, "
+        f"max_num_seqs {r0['max_num_seqs']}, block {r0['block_size']}, CPU, torch threads {r0['torch_threads']}"
+    )
+    table = Table(title=title, padding=(0, 1), show_edge=False)
+    table.add_column("system", no_wrap=True)
+    cols = ("blocks", "tok/s", "req/s", "ms/tok", "TTFT", "preempt", "steps", "batch", "ctx×", "model", "CPU s", "same")
+    for col in cols:
+        table.add_column(col, justify="right", min_width=len(col))
+    for r in rows:
+        table.add_row(
+            r["system"],
+            dash(r["num_kv_blocks"], "d"),
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['requests_per_s']:.2f}",
+            f"{1000 * r['normalized_latency_s']:.0f}",
+            f"{r['ttft_s']:.1f}",
+            dash(r["preemptions"], "d"),
+            str(r["steps"]),
+            f"{r['tokens_per_step']:.1f}",
+            dash(r["context_padding"], ".2f"),
+            dash(r["forward_share"], ".0%"),
+            f"{r['cpu_s']:.1f}",
+            dash(r["same_tokens_as_static"], ".0%"),
+        )
+    table.caption = (
+        "blocks: KV pool; ms/tok: normalized latency; TTFT in s; batch: output tokens per step; ctx×: context "
+        "slots the decode attention read (each batch padded to its longest) ÷ those the decodes need; model: share "
+        "of step time in forward + sampling; CPU s: this process's CPU time (below the wall time when other programs "
+        "share the cores); same: requests whose tokens equal static's"
+    )
+    return table
+
+
+def dash(value, fmt: str) -> str:
+    """A table cell: '-' where a field does not apply."""
+    return "-" if value is None else format(value, fmt)
+
+
+RATIO_KEYS = {  # metric -> label; continuous ÷ a baseline
+    "tokens_per_s": "tokens/s (wall)",
+    "tokens_per_cpu_s": "tokens per CPU-second",
+    "requests_per_s": "requests/s",
+    "normalized_latency_s": "normalized latency",
+    "ttft_s": "time to first token",
+    "steps": "steps",
+}
+
+
+def ratios(rows: list[dict], base: str) -> dict[str, float] | None:
+    """continuous ÷ `base` for each of RATIO_KEYS, None if either row is missing."""
+    by = {r["system"]: r for r in rows}
+    if "continuous" not in by or base not in by:
+        return None
+    return {k: by["continuous"][k] / by[base][k] for k in RATIO_KEYS}
+
+
+def ratios_table(rows: list[dict]) -> Table:
+    from rich.table import Table
+
+    table = Table(title="continuous ÷ baseline (speeds: higher is better; latencies and steps: lower)")
+    bases = [b for b in ("static", HF_SYSTEM) if ratios(rows, b) is not None]
+    table.add_column("metric")
+    for base in bases:
+        table.add_column(f"continuous ÷ {base}", justify="right")
+    for key, label in RATIO_KEYS.items():
+        table.add_row(label, *(f"{ratios(rows, b)[key]:.2f}x" for b in bases))
+    return table
+
+
+def target_line(rows: list[dict]) -> str:
+    """Is continuous >= TARGET_SPEEDUP x static in tokens/s? With the step ratio: what a step of fixed cost gives."""
+    r = ratios(rows, "static")
+    if r is None:
+        return "continuous vs static: not both measured"
+    verdict = "met" if r["tokens_per_s"] >= TARGET_SPEEDUP else "[bold]not met[/bold]"
+    return (
+        f"continuous ÷ static: {r['tokens_per_s']:.2f}x tokens/s, {r['tokens_per_cpu_s']:.2f}x tokens per CPU-second "
+        f"(target >= {TARGET_SPEEDUP:g}x tokens/s: {verdict}); static takes {1 / r['steps']:.2f}x the steps, "
+        "the gain if a step cost the same at any batch size (as on a GPU)"
+    )
+
+
+def save_throughput_figure(rows: list[dict], figures_dir: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(figures_dir) / "05_throughput.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = plot_throughput(rows)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_throughput(rows: list[dict]) -> Figure:
+    """Two panels, one bar per system: output tokens per second, and normalized latency (ms per output token)."""
+    from pagedlab import viz
+
+    colours = {
+        "static": viz.RESERVED,
+        "continuous": viz.USED,
+        "continuous-recompute": viz.PREFILL,
+        "continuous-swap": viz.CACHED,
+        HF_SYSTEM: viz.FREE,
+    }
+    names = [r["system"] for r in rows]
+    bar_colours = [colours.get(n, viz.SHARED) for n in names]
+    fig, (tps_ax, lat_ax) = viz.plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (
+        (tps_ax, "tokens_per_s", 1, "{:.0f}", "output tokens / s"),
+        (lat_ax, "normalized_latency_s", 1000, "{:.1f}", "ms / output token"),
+    )
+    for ax, key, unit, fmt, label in panels:
+        values = [unit * r[key] for r in rows]
+        ax.bar(names, values, color=bar_colours, edgecolor="black", linewidth=0.5)
+        for x, v in enumerate(values):
+            ax.text(x, v, fmt.format(v), ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelrotation=20)
+    tps_ax.set_title("throughput (higher is better)")
+    lat_ax.set_title("normalized latency (lower is better)")
+    r0 = rows[0]
+    fig.suptitle(
+        f"{r0['workload']}-like stream x {r0['length_scale']:g}, {r0['num_requests']} requests at t=0, "
+        f"max_num_seqs {r0['max_num_seqs']}, bundled model on CPU ({r0['torch_threads']} thread)"
+    )
+    fig.tight_layout()
+    return fig
