@@ -106,6 +106,7 @@ def test_rows_say_what_does_not_apply_and_share_one_pool():
     assert by["static"]["preemptions"] == 0  # worst-case admission never preempts
     assert by["static"]["num_kv_blocks"] == by["continuous"]["num_kv_blocks"]
     assert by["continuous-recompute"]["num_kv_blocks"] < by["continuous"]["num_kv_blocks"]
+    assert by["continuous-swap"]["num_kv_blocks"] == by["continuous-recompute"]["num_kv_blocks"]
     assert by["static"]["speedup_vs_static"] == 1.0
     if hf_available():
         assert by[HF_SYSTEM]["num_kv_blocks"] is None and by[HF_SYSTEM]["preemptions"] is None
@@ -119,13 +120,15 @@ def test_every_system_generates_the_static_tokens_even_when_preempting():
     static = serve_engine(ENGINE_SYSTEMS[0], stream, blocks, **args)
     # A pool that holds one whole request: two running requests outgrow it and preempt each other.
     tight = EngineSystem("continuous-recompute", "continuous", engine_args={"preemption_mode": "recompute"})
+    swap = EngineSystem("continuous-swap", "continuous", engine_args={"preemption_mode": "swap"})
     served = {
         "continuous": serve_engine(ENGINE_SYSTEMS[1], stream, blocks, **args),
         "continuous-recompute": serve_engine(tight, stream, pool_blocks(stream, 1, 4), **args),
+        "continuous-swap": serve_engine(swap, stream, pool_blocks(stream, 1, 4), **args),
     }
     if hf_available():
         served[HF_SYSTEM] = serve_hf(load_hf_model(), stream, 2)
-    assert served["continuous-recompute"].preemptions > 0
+    assert served["continuous-recompute"].preemptions > 0 and served["continuous-swap"].preemptions > 0
     model = load_model().model
     for name, got in served.items():
         for i, (a, b) in enumerate(zip(got.token_ids, static.token_ids)):

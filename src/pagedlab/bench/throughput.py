@@ -82,12 +82,13 @@ class EngineSystem:
     engine_args: dict = field(default_factory=dict)  # further EngineConfig overrides, e.g. preemption_mode
 
 
-# static and continuous share one pool. `continuous-swap` is one more entry like continuous-recompute, with
-# engine_args {"preemption_mode": "swap", "num_swap_blocks": ...}, once stage 5 swaps.
+# static and continuous share one pool; the two preempting systems get a quarter of it (swap: a CPU
+# swap pool as large as that quarter, the config's default).
 ENGINE_SYSTEMS = (
     EngineSystem("static", "prefix"),
     EngineSystem("continuous", "continuous"),
     EngineSystem("continuous-recompute", "continuous", SMALL_POOL_SHARE, {"preemption_mode": "recompute"}),
+    EngineSystem("continuous-swap", "continuous", SMALL_POOL_SHARE, {"preemption_mode": "swap"}),  # CPU pool = GPU pool
 )
 HF_SYSTEM = "hf-generate"
 
