@@ -80,10 +80,12 @@ def test_stream_is_seeded_scaled_and_starts_with_bos():
     assert sum(r.output_len for r in stream) == pytest.approx(0.25 * sum(r.output_len for r in full), rel=0.05)
 
 
-def test_the_pool_fits_a_full_batch_of_the_longest_request():
-    stream = make_stream(tokenizer(), 20, length_scale=0.1)
-    longest = max(len(r.prompt_token_ids) + r.output_len for r in stream)
-    assert pool_blocks(stream, 4, 16) == 4 * -(-longest // 16)
+def test_the_pool_binds_the_batch_but_holds_the_longest_request():
+    stream = make_stream(tokenizer(), 20, length_scale=0.5)
+    blocks = [-(-(len(r.prompt_token_ids) + r.output_len) // 16) for r in stream]
+    assert pool_blocks(stream, 32, 16) == max(max(blocks), int(32 * sum(blocks) / len(blocks) * 0.5))
+    assert pool_blocks(stream, 32, 16) < sum(sorted(blocks)[-32:]), "static worst-case admission cannot fit 32"
+    assert pool_blocks(stream, 1, 16) == max(blocks)
 
 
 def test_json_stdout_is_one_object_with_every_field_of_every_system():
@@ -105,7 +107,7 @@ def test_rows_say_what_does_not_apply_and_share_one_pool():
     by = {r["system"]: r for r in small_result()[0]["rows"]}
     assert by["static"]["preemptions"] == 0  # worst-case admission never preempts
     assert by["static"]["num_kv_blocks"] == by["continuous"]["num_kv_blocks"]
-    assert by["continuous-recompute"]["num_kv_blocks"] < by["continuous"]["num_kv_blocks"]
+    assert by["continuous-recompute"]["num_kv_blocks"] <= by["continuous"]["num_kv_blocks"]
     assert by["continuous-swap"]["num_kv_blocks"] == by["continuous-recompute"]["num_kv_blocks"]
     assert by["static"]["speedup_vs_static"] == 1.0
     if hf_available():
@@ -144,7 +146,7 @@ def test_one_request_at_a_time_reads_exactly_the_context_its_decodes_need():
     assert needed_context(stream) == (4 + 5) + (6 + 7 + 8 + 9 + 10)
     served = serve_engine(ENGINE_SYSTEMS[0], stream, pool_blocks(stream, 1, 4), max_num_seqs=1, block_size=4)
     assert served.decode_context == needed_context(stream)
-    both = serve_engine(ENGINE_SYSTEMS[0], stream, pool_blocks(stream, 2, 4), max_num_seqs=2, block_size=4)
+    both = serve_engine(ENGINE_SYSTEMS[0], stream, 2 * pool_blocks(stream, 1, 4), max_num_seqs=2, block_size=4)
     assert both.decode_context == 2 * (6 + 7) + (8 + 9 + 10)  # the short one is padded to the long one's context
 
 
