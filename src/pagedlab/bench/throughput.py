@@ -355,6 +355,7 @@ def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "f
     import torch
 
     start, threads = time.perf_counter(), torch.get_num_threads()
+    show_priority = options.pop("priority_table", True)
     torch.set_num_threads(TORCH_THREADS)
     try:
         rows = throughput_rows(console, **options)
@@ -363,11 +364,31 @@ def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "f
     console.print(throughput_table(rows))
     console.print(ratios_table(rows))
     console.print(target_line(rows))
+    if show_priority:
+        console.print(_priority_section(rows[0], options))
     console.print(f"[dim]{PAPER}[/dim]")
     if figure:
         console.print(f"wrote {save_throughput_figure(rows, figures_dir)}")
     console.print(f"[dim]throughput: {time.perf_counter() - start:.1f} s[/dim]")
     return {"bench": "throughput", "rows": rows}
+
+
+def _priority_section(row: dict, options: dict):
+    """Latency by priority class on the same stream and pool as the `continuous` row (one thread)."""
+    import torch
+
+    from pagedlab.bench.priority import priority_latencies, priority_table
+    from pagedlab.llm import LLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    try:
+        tok = LLM(stage="continuous").get_tokenizer()
+        stream = make_stream(tok, row["num_requests"], row["length_scale"], row["seed"])
+        blocks = pool_blocks(stream, row["max_num_seqs"], row["block_size"])
+        return priority_table(priority_latencies(stream, blocks, row["max_num_seqs"], row["block_size"]))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def throughput_table(rows: list[dict]) -> Table:
