@@ -112,6 +112,10 @@ def test_make_figures_writes_every_registered_png(tmp_path):
         "03_beam_tree.png",
         "04_hash_chain.png",
         "04_block_tables_hits.png",
+        "05_gantt.png",
+        "05_tokens_per_step.png",
+        "05_swap_block_tables.png",
+        "05_static_vs_continuous.png",
     ]
     assert len(paths) == len(FIGURES)
     for path in paths:
@@ -232,3 +236,186 @@ def test_prefix_hits_and_cached_blocks_come_from_a_stage4_run():
     assert trace[2].scheduled == {"1": 16 - 12}
     assert viz.cached_block_ids(pool) == {b.block_id for b in pool.blocks if b.block_hash is not None}
     assert len(viz.cached_block_ids(pool)) == 4 + 1  # request 0's four full blocks, request 1's own last one
+
+
+# --- stage 5: schedules, tokens per step, preemption, the CPU swap pool ---------------------------------------------
+
+
+def _trace(*steps) -> list[StepTrace]:
+    """StepTraces from (scheduled, waiting, running, kv_used) tuples, numbered from 1."""
+    return [StepTrace(i, 0.0, sch, w, r, kv_used=used) for i, (sch, w, r, used) in enumerate(steps, 1)]
+
+
+@pytest.mark.stage5
+def test_schedule_states_tell_chunks_decodes_idle_and_preemption_apart():
+    # a: 5-token prompt in chunks of 3 and 2 (samples in step 2), decodes, is preempted in step 4, comes back
+    # in step 5. b: waits, then runs a 1-token chunk that does not reach its 3-token prompt's end, then is idle.
+    trace = _trace(
+        ({"a": 3}, ["b"], ["a"], {"a": 3}),
+        ({"a": 2}, ["b"], ["a"], {"a": 5}),
+        ({"a": 1, "b": 1}, [], ["a", "b"], {"a": 6, "b": 1}),
+        ({"b": 2}, ["a"], ["b"], {"b": 3}),
+        ({"a": 1}, [], ["b", "a"], {"b": 3, "a": 7}),
+    )
+    trace[-1].finished = ["a"]
+    assert viz.preemption_events(trace) == [(4, "a")]
+    assert viz.samples_in(trace, {"a": 5, "b": 3}) == {
+        "a": [False, True, True, False, True],
+        "b": [False, False, False, True, False],
+    }
+    states = viz.schedule_states(trace, {"a": 5, "b": 3})
+    assert states["a"] == ["prefill", "prefill", "decode", "preempted", "decode"]
+    assert states["b"] == ["waiting", "waiting", "prefill", "prefill", "idle"]  # a 1-token chunk is still prefill
+    assert viz.schedule_states(trace)["b"][2] == "decode"  # without prompt lengths, one token looks like a decode
+    # a came back with all 6 computed tokens it left with: swapped; with fewer, it fell back to recompute
+    assert viz.schedule_states(trace, preemption_mode="swap")["a"][3] == "swapped"
+    trace[4].kv_used["a"] = 1
+    assert viz.schedule_states(trace, preemption_mode="swap")["a"][3] == "preempted"
+
+
+@pytest.fixture(scope="module")
+def continuous_runs():
+    """Tiny traced stage-5 runs, recompute and swap: 8 blocks of 4, budget 8, chunks of 3; request 2 is preempted."""
+    runs = {}
+    for mode in ("recompute", "swap"):
+        llm = LLM(
+            stage=5,
+            block_size=4,
+            num_kv_blocks=8,
+            max_num_seqs=3,
+            max_num_batched_tokens=8,
+            long_prefill_token_threshold=3,
+            preemption_mode=mode,
+            num_swap_blocks=8 if mode == "swap" else 0,
+            record_trace=True,
+        )
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (8, 10, 6)]
+        outs = llm.generate(["ROMEO:", "JULIET:", "HAMLET:"], params, use_tqdm=False)
+        runs[mode] = (llm, viz.prompt_lens_of(outs))
+    yield runs
+    plt.close("all")
+
+
+def _width_by_colour(ax) -> dict[tuple, float]:
+    widths: dict[tuple, float] = {}
+    for c in ax.collections:
+        if len(c.get_facecolor()):
+            key = tuple(c.get_facecolor()[0])
+            widths[key] = widths.get(key, 0) + _widths(c)
+    return widths
+
+
+@pytest.mark.stage5
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_gantt_draws_every_request_step_in_its_states_colour(continuous_runs, mode):
+    llm, lens = continuous_runs[mode]
+    trace = llm.engine.trace
+    events = viz.preemption_events(trace)
+    assert len(events) == llm.engine.stats.num_preemptions == 1 and events[0][1] == "2"
+    states = viz.schedule_states(trace, lens, mode)
+    counts = {}
+    for per_step in states.values():
+        for state in per_step:
+            counts[state] = counts.get(state, 0) + 1
+    gone = "swapped" if mode == "swap" else "preempted"
+    assert counts[gone] == sum(1 for step in trace if "2" in step.waiting)  # every step it waited after running
+    ax = viz.plot_schedule_gantt(trace, lens, mode).axes[0]
+    widths = _width_by_colour(ax)
+    colours = {
+        "prefill": viz.PREFILL,
+        "decode": viz.DECODE,
+        gone: viz.PREEMPTED if gone == "preempted" else viz.SWAPPED,
+    }
+    for state, colour in colours.items():
+        assert widths[to_rgba(colour)] == counts[state], state
+    assert f"{len(trace)} steps, 1 preemptions" in ax.get_title(loc="left")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2"]
+
+
+@pytest.mark.stage5
+def test_swap_resumes_where_recompute_prefills_again(continuous_runs):
+    recompute = viz.schedule_states(*_args(continuous_runs, "recompute"))["2"]
+    swap = viz.schedule_states(*_args(continuous_runs, "swap"))["2"]
+    back = recompute.index("preempted") + recompute.count("preempted")
+    assert recompute[back] == "prefill"  # its K/V were dropped: it feeds its tokens again, in chunks
+    back = swap.index("swapped") + swap.count("swapped")
+    assert swap[back] == "decode"  # its K/V came back from the CPU: it decodes at once
+    assert len(swap) < len(recompute)
+
+
+def _args(runs, mode):
+    llm, lens = runs[mode]
+    return llm.engine.trace, lens, mode
+
+
+@pytest.mark.stage5
+def test_tokens_per_step_stack_prefill_on_decode_under_the_budget(continuous_runs):
+    llm, lens = continuous_runs["recompute"]
+    trace = llm.engine.trace
+    prefill, decode = viz.tokens_per_step(trace, lens)
+    assert [p + d for p, d in zip(prefill, decode)] == [sum(s.scheduled.values()) for s in trace]
+    assert max(p + d for p, d in zip(prefill, decode)) <= 8
+    assert prefill[0] == 8 and decode[0] == 0  # step 1: three prompts, chunks of 3 + 3 + 2
+    ax = viz.plot_tokens_per_step(trace, 8, lens).axes[0]
+    decode_bars, prefill_bars = ax.containers
+    assert [b.get_height() for b in decode_bars] == decode
+    assert [b.get_height() for b in prefill_bars] == prefill
+    assert [b.get_y() for b in prefill_bars] == decode  # stacked on the decodes
+    assert [line.get_ydata()[0] for line in ax.lines] == [8]  # the budget line
+    assert f"{sum(prefill)} prefill + {sum(decode)} decode in {len(trace)} steps" in ax.get_title(loc="left")
+
+
+@pytest.mark.stage5
+def test_kv_over_steps_marks_the_steps_that_preempted(continuous_runs):
+    llm, _ = continuous_runs["recompute"]
+    ax = viz.plot_kv_over_steps(llm.engine.trace, 8, 4, mark_preemptions=True).axes[0]
+    marks = [c for c in ax.collections if c.get_label() == "a preemption"]
+    assert len(marks) == 1
+    assert [seg[0][0] for seg in marks[0].get_segments()] == [5]  # request 2 was preempted in step 5
+
+
+@pytest.mark.stage5
+def test_block_tables_draw_the_cpu_swap_pool_as_a_second_lane():
+    step = StepTrace(1, 0.0, {"a": 1}, ["b"], ["a"], kv_used={"a": 5}, block_tables={"a": [2, 0]})
+    fig = viz.plot_block_tables(step, num_kv_blocks=4, block_size=4, swapped={"b": [0, 1, 2]}, num_swap_blocks=6)
+    cpu = _patches(fig, "cpu:")
+    assert len(cpu) == 6
+    assert [to_rgba(cpu[f"cpu:{i}"].get_facecolor()) for i in range(6)] == [to_rgba(viz.SWAPPED)] * 3 + [
+        to_rgba(viz.FREE)
+    ] * 3
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    assert "CPU swap pool: 3 of 6 blocks (req b: 0-2)" in texts and "1\n(b)" in texts
+    assert fig.legends[0].get_texts()[-1].get_text() == "CPU block holding a swapped-out request's K/V"
+    assert not _patches(viz.plot_block_tables(step, num_kv_blocks=4, block_size=4), "cpu:")  # off by default
+
+
+@pytest.mark.stage5
+def test_swapped_block_ids_read_the_swap_pool():
+    llm = LLM(stage=5, block_size=4, num_kv_blocks=5, max_num_batched_tokens=64, preemption_mode="swap")
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm.engine.add_request("a", [0] + [5] * 6, params)
+    llm.engine.add_request("b", [0] + [6] * 6, params)
+    seen = {}
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+        seen |= viz.swapped_block_ids(llm.engine.kv_manager)
+    assert seen == {"b": [0, 1]}  # b (the newest) went out with its two blocks, into CPU blocks 0 and 1
+    assert viz.swapped_block_ids(llm.engine.kv_manager) == {}
+
+
+@pytest.mark.stage5
+@pytest.mark.parametrize("mode, mark", [("recompute", "*"), ("swap", "~")])
+def test_demo_marks_preempted_requests_in_the_waiting_queue(mode, mark):
+    from pagedlab.demo import waiting_labels
+
+    llm = LLM(
+        stage=5, block_size=4, num_kv_blocks=5, max_num_batched_tokens=64, preemption_mode=mode, record_trace=True
+    )
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm.engine.add_request("a", [0] + [5] * 6, params)
+    llm.engine.add_request("b", [0] + [6] * 6, params)
+    labels = []
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+        labels.append(waiting_labels(llm, llm.engine.trace[-1].waiting))
+    assert f"b{mark}" in labels and set(labels) == {"", f"b{mark}"}  # b, the newest, waits again after preemption

@@ -16,7 +16,9 @@ left), as `LLM.generate` does, so that it can draw the engine between steps:
 At stage 1 every running request reserves a whole region (max_model_len slots)
 and uses a few dozen of them, and a new batch waits until the last request of
 the current one finishes. Later stages shrink the grey part of the bars and
-empty the waiting queue sooner; the summary table puts numbers on both.
+empty the waiting queue sooner; the summary table puts numbers on both. At
+stage 5 a request preempted by a full pool waits again, marked * (its K/V
+dropped, to be recomputed) or ~ (its K/V swapped out to the CPU pool).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from rich.text import Text
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL
 from pagedlab.outputs import RequestOutput
-from pagedlab.request import Request
+from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
 from pagedlab.stats import StepTrace
 
@@ -132,9 +134,27 @@ def render_step(llm: LLM, prompts: dict[str, str], latest: dict[str, RequestOutp
     header.append(f"{done}/{len(prompts)} finished")
     running = " ".join(r.request_id for r in engine.scheduler.running) or "-"
     queues = Text.assemble(
-        ("waiting   ", "bold"), " ".join(trace.waiting) or "-", "\n", ("running   ", "bold"), running
+        ("waiting   ", "bold"), waiting_labels(llm, trace.waiting) or "-", "\n", ("running   ", "bold"), running
     )
     return Group(header, queues, request_table(llm, prompts, latest), pool_line(llm))
+
+
+PREEMPTED_MARK = "*"  # stage 5: preempted, its K/V dropped (recompute)
+SWAPPED_MARK = "~"  # stage 5: preempted, its K/V in the CPU swap pool
+
+
+def waiting_labels(llm: LLM, request_ids: list[str]) -> str:
+    """The waiting queue as ids; at stage 5 a preempted request is marked * (K/V dropped) or ~ (swapped out)."""
+    queued = {r.request_id: r for r in llm.engine.scheduler.waiting}
+    is_swapped = getattr(llm.engine.kv_manager, "is_swapped", lambda request: False)
+    labels = []
+    for request_id in request_ids:
+        request = queued.get(request_id)
+        mark = ""
+        if request is not None and request.status == RequestStatus.PREEMPTED:
+            mark = SWAPPED_MARK if is_swapped(request) else PREEMPTED_MARK
+        labels.append(request_id + mark)
+    return " ".join(labels)
 
 
 def request_table(llm: LLM, prompts: dict[str, str], latest: dict[str, RequestOutput]) -> Table:
@@ -213,7 +233,7 @@ def log_line(llm: LLM) -> str:
     t = llm.engine.trace[-1]
     ran = " ".join(f"{rid}+{n}" for rid, n in t.scheduled.items())
     used, total = llm.engine.kv_manager.num_used_blocks, llm.engine.config.num_kv_blocks
-    line = f"step {t.step:4d}  ran {ran}  waiting {' '.join(t.waiting) or '-'}  KV {used}/{total} blocks"
+    line = f"step {t.step:4d}  ran {ran}  waiting {waiting_labels(llm, t.waiting) or '-'}  KV {used}/{total} blocks"
     line += f", {used_share([t]):.0%} of reserved slots used"
     return line + (f"  finished {' '.join(t.finished)}" if t.finished else "")
 

@@ -2,7 +2,8 @@
 
 Builds on: stats.py (`StepTrace`, recorded by `LLM(..., record_trace=True)` into `llm.engine.trace`).
 Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (block tables, pool occupancy),
-chapters/04-prefix-caching.md (cache hits and cached-but-free blocks).
+chapters/04-prefix-caching.md (cache hits and cached-but-free blocks),
+chapters/05-continuous-batching.md (schedules, tokens per step, preemption, the CPU swap pool).
 
 Every drawing in every chapter uses one palette, so a colour means one thing throughout:
 
@@ -12,8 +13,10 @@ Every drawing in every chapter uses one palette, so a colour means one thing thr
     SHARED    a block held by several requests (ref_cnt > 1, stage 3)
     CACHED    a free block that still keeps its hash for reuse (stage 4)
 
-A batch timeline adds the request states PREFILL, DECODE, WAITING and FINISHED.
-The functions only read the trace (and `cached_block_ids`, a stage-4 pool): they work for every stage that records one.
+A batch timeline adds the request states PREFILL, DECODE, WAITING and FINISHED; a stage-5 schedule adds
+PREEMPTED (K/V dropped, to be recomputed) and SWAPPED (K/V in the CPU swap pool).
+The functions only read the trace (and `cached_block_ids`, a stage-4 pool; `swapped_block_ids`, a stage-5
+KV manager): they work for every stage that records one.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ PREFILL = "#d55e00"
 DECODE = USED
 WAITING = "#f0e442"
 FINISHED = FREE
+# Stage 5: a preempted request, its K/V dropped (recompute) or moved to the CPU swap pool (swap).
+PREEMPTED = "#000000"
+SWAPPED = "#56b4e9"
 _REQUEST_COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000", "#8c6d31")
 
 
@@ -113,27 +119,36 @@ def plot_reserved_vs_used(trace: list[StepTrace], title: str | None = None) -> F
     return fig
 
 
-def plot_kv_over_steps(trace: list[StepTrace], num_kv_blocks: int, block_size: int) -> Figure:
+def plot_kv_over_steps(
+    trace: list[StepTrace], num_kv_blocks: int, block_size: int, mark_preemptions: bool = False, ax=None
+) -> Figure:
     """The whole pool, step by step: slots holding tokens, held in vain, and free.
 
+    Stage 5, optional: `mark_preemptions` draws a PREEMPTED line at each step that preempted someone
+    (see `preemption_events`); `ax` draws into that axes instead of a figure of its own.
     Why: the gap between the blue and orange tops is the waste; free slots while
-    requests wait are the cost of static batching (stage 5 removes that).
+    requests wait are the cost of static batching (stage 5 removes that); at stage 5
+    the pool runs full and preemption is what keeps it from overflowing.
     """
     steps = [step.step for step in trace]
     used = np.array([sum(step.kv_used.values()) for step in trace])
     held = np.array([sum(step.kv_held.values()) for step in trace])
     capacity = num_kv_blocks * block_size
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(8, 3.5)) if ax is None else (ax.figure, ax)
     # step="mid": each step is a flat band of width 1 centred on its number
     ax.fill_between(steps, 0, used, step="mid", color=USED, label="used (holds a token)")
     ax.fill_between(steps, used, held, step="mid", color=RESERVED, label="reserved but unused")
     ax.fill_between(steps, held, capacity, step="mid", color=FREE, label="free")
     ax.axhline(capacity, color="black", linewidth=1, linestyle="--", label=f"capacity ({num_kv_blocks} blocks)")
+    if mark_preemptions:
+        preempted = sorted({step for step, _ in preemption_events(trace)})
+        if preempted:
+            ax.vlines(preempted, 0, capacity, color=PREEMPTED, linewidth=1.5, label="a preemption")
     ax.set(xlabel="engine step", ylabel="KV slots", xlim=(steps[0] - 0.5, steps[-1] + 0.5), ylim=(0, 1.2 * capacity))
     ax.set_title(
         f"KV pool per step: on average {held.mean() / capacity:.0%} held, {used.mean() / capacity:.1%} holds tokens"
     )
-    ax.legend(loc="upper right", ncols=4, fontsize=8)
+    ax.legend(loc="upper right", ncols=len(ax.get_legend_handles_labels()[0]), fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -259,6 +274,8 @@ def plot_block_tables(
     pool_columns: int = 8,
     hits: dict[str, int] | None = None,
     cached: Iterable[int] = (),
+    swapped: dict[str, list[int]] | None = None,
+    num_swap_blocks: int = 0,
 ) -> Figure:
     """One step's block tables (left) and the pool of physical blocks they point into (right).
 
@@ -272,13 +289,18 @@ def plot_block_tables(
     were prefix-cache hits (outlined in black and marked "hit", see `prefix_hit_blocks`); `cached` lists the
     blocks that carry a block hash (see `cached_block_ids`): those no table holds are drawn in CACHED colour,
     free but still findable by their hash.
+    Stage 5 (swap), optional: with `num_swap_blocks` > 0 a second lane under the pool draws the CPU swap pool;
+    the blocks in `swapped` (request_id -> its CPU blocks, see `swapped_block_ids`) are in SWAPPED colour and
+    labelled with the request whose K/V they keep while it waits.
     Why: a request's blocks need not be adjacent or in order; its block table is all that ties them.
     """
-    ids = list(step.block_tables)
+    ids, swapped = list(step.block_tables), swapped or {}
     order = order or ids
     colour = {rid: request_colour(order.index(rid)) for rid in ids}
     widest = max((len(blocks) for blocks in step.block_tables.values()), default=1)
-    rows = max(len(ids), -(-num_kv_blocks // pool_columns))
+    pool_rows = -(-num_kv_blocks // pool_columns)
+    swap_rows = -(-num_swap_blocks // pool_columns)
+    rows = max(len(ids), pool_rows + (swap_rows + 1 if swap_rows else 0))
     fig, (left, right) = plt.subplots(
         1,
         2,
@@ -288,22 +310,55 @@ def plot_block_tables(
     cells = _draw_tables(left, step, ids, colour, block_size, widest, rows)
     owners = _draw_pool(right, step, ids, colour, block_size, num_kv_blocks, pool_columns, set(cached))
     hit_blocks = _mark_hits(left, right, step, hits or {}, pool_columns)
+    if num_swap_blocks:
+        _draw_swap_pool(right, swapped, num_swap_blocks, pool_columns, top=pool_rows + 1)
     for rid in ids[:1] if arrows_for is None else arrows_for:
         for i, block_id in enumerate(step.block_tables[rid]):
             y, x = divmod(block_id, pool_columns)
             _arrow(fig, (left, cells[rid][i]), (right, (x, y)), f"arrow:{rid}:{i}")
     left.set_title(f"Block tables in step {step.step}", loc="left", fontsize=10)
     right.set_title(f"Block pool: {len(owners)} of {num_kv_blocks} blocks held", loc="left", fontsize=10)
-    handles = [Patch(color=FREE, label="free block")]
-    if any(len(held_by) > 1 for held_by in owners.values()):
-        handles.append(Patch(facecolor=SHARED, hatch="//", label="shared (ref_cnt > 1)"))
-    if set(cached) - owners.keys():
-        handles.append(Patch(color=CACHED, label="cached, free (keeps its hash)"))
-    if hit_blocks:
-        handles.append(Patch(facecolor="none", edgecolor="black", linewidth=2, label="prefix-cache hit"))
+    handles = _block_legend(owners, set(cached), hit_blocks, bool(swapped))
     fig.legend(handles=handles, loc="lower right", ncols=max(2, len(handles)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def _block_legend(owners: dict[int, list[str]], cached: set[int], hit_blocks: set[int], swapped: bool) -> list:
+    """Legend entries for the block states the picture shows."""
+    handles = [Patch(color=FREE, label="free block")]
+    if any(len(held_by) > 1 for held_by in owners.values()):
+        handles.append(Patch(facecolor=SHARED, hatch="//", label="shared (ref_cnt > 1)"))
+    if cached - owners.keys():
+        handles.append(Patch(color=CACHED, label="cached, free (keeps its hash)"))
+    if hit_blocks:
+        handles.append(Patch(facecolor="none", edgecolor="black", linewidth=2, label="prefix-cache hit"))
+    if swapped:
+        handles.append(Patch(color=SWAPPED, label="CPU block holding a swapped-out request's K/V"))
+    return handles
+
+
+def _draw_swap_pool(ax, swapped: dict[str, list[int]], num_swap_blocks: int, columns: int, top: int) -> None:
+    """The CPU swap pool as a lane of blocks from row `top` down: held blocks SWAPPED, labelled "id (request)"."""
+    owner = {cpu: rid for rid, blocks in swapped.items() for cpu in blocks}
+    for cpu in range(num_swap_blocks):
+        y, x = divmod(cpu, columns)
+        label = f"{cpu}\n({owner[cpu]})" if cpu in owner else str(cpu)
+        _block_cell(ax, x, top + y, SWAPPED if cpu in owner else FREE, 1.0, label, f"cpu:{cpu}")
+    held = "; ".join(f"req {rid}: {_id_ranges(blocks)}" for rid, blocks in swapped.items()) or "empty"
+    ax.text(0, top - 0.15, f"CPU swap pool: {len(owner)} of {num_swap_blocks} blocks ({held})", fontsize=8)
+    ax.set_ylim(top + -(-num_swap_blocks // columns), 0)
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """[0, 1, 2, 7, 8] -> "0-2, 7-8": runs of consecutive ids."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _arrow(fig, source: tuple, target: tuple, gid: str) -> None:
@@ -412,6 +467,12 @@ def prefix_hit_blocks(trace: list[StepTrace], block_size: int) -> dict[str, int]
     return hits
 
 
+def swapped_block_ids(kv_manager) -> dict[str, list[int]]:
+    """request_id -> the CPU blocks holding its K/V (stage 5's SwappingKVCacheManager): `swapped` for
+    plot_block_tables. Take it right after `engine.step()`, like `cached_block_ids`."""
+    return {rid: list(blocks) for rid, blocks in kv_manager.swap_pool.held.items()}
+
+
 def cached_block_ids(pool) -> set[int]:
     """Ids of the blocks that carry a block hash now (stage 4's CachingBlockPool): `cached` for plot_block_tables.
 
@@ -461,3 +522,223 @@ def plot_pool_occupancy(
     if own_figure:
         blocks_ax.figure.tight_layout()
     return blocks_ax.figure
+
+
+# --- stage 5: continuous batching: request states, tokens per step, preemption ----------------------------
+
+
+def preemption_events(trace: list[StepTrace]) -> list[tuple[int, str]]:
+    """(step, request_id) for every preemption: the request ran in the step before and waits again now.
+
+    The trace is taken after scheduling, so a request preempted while step k was scheduled is in
+    step k's `waiting` (and in step k - 1's `running`).
+    """
+    events, before = [], set()
+    for step in trace:
+        events += [(step.step, rid) for rid in step.waiting if rid in before]
+        before = set(step.running)
+    return events
+
+
+def samples_in(trace: list[StepTrace], prompt_lens: dict[str, int]) -> dict[str, list[bool]]:
+    """request_id -> per step, did it sample a token (did its fed tokens reach its end)? For the requests in
+    `prompt_lens` only.
+
+    A request samples when computed + fed == its tokens so far; its tokens start at the prompt and grow
+    by one each time it samples. Preemption by recompute drops K/V, not tokens, so the count carries over.
+    """
+    sampled: dict[str, list[bool]] = {}
+    for rid, num_tokens in prompt_lens.items():
+        flags = []
+        for step in trace:
+            samples = rid in step.scheduled and step.kv_used.get(rid) == num_tokens
+            num_tokens += samples
+            flags.append(samples)
+        sampled[rid] = flags
+    return sampled
+
+
+def schedule_states(
+    trace: list[StepTrace], prompt_lens: dict[str, int] | None = None, preemption_mode: str = "recompute"
+) -> dict[str, list[str | None]]:
+    """request_id -> its state in each step of the trace (None: not there yet, or gone and never seen).
+
+    States: "waiting" (queued, never ran), "prefill" (fed more than one token, or fed tokens without reaching
+    its end: a chunk), "decode" (fed one token and sampled), "idle" (holds KV, fed nothing: the budget ran
+    out, or a child waiting for its leader's prefill), "preempted" (ran before, waits again with its K/V
+    dropped), "swapped" (preempted with its K/V in the CPU swap pool), "finished".
+    `prompt_lens` (request_id -> prompt tokens, e.g. from `prompt_lens_of(outputs)`) tells a one-token chunk
+    from a decode; without it, "prefill" means more than one token. With preemption_mode="swap", a preempted
+    request counts as swapped unless it came back with fewer computed tokens than it left with (the swap
+    pool was full and it fell back to recompute; a recompute that hit every block looks like a swap, and
+    costs as little).
+    """
+    sampled = samples_in(trace, prompt_lens or {})
+    states = {}
+    for rid in request_order(trace):
+        states[rid] = _schedule_states_of(rid, trace, sampled.get(rid))
+        if preemption_mode == "swap":
+            _mark_swapped(rid, trace, states[rid])
+    return states
+
+
+def _schedule_states_of(rid: str, trace: list[StepTrace], sampled: list[bool] | None) -> list[str | None]:
+    states: list[str | None] = []
+    ran = done = False
+    for i, step in enumerate(trace):
+        if rid in step.scheduled:
+            chunk = step.scheduled[rid] > 1 or (sampled is not None and not sampled[i])
+            states.append("prefill" if chunk else "decode")
+        elif rid in step.waiting:
+            states.append("preempted" if ran else "waiting")
+        elif rid in step.running:
+            states.append("idle")
+        else:
+            states.append("finished" if done else None)
+        ran = ran or rid in step.running
+        done = done or rid in step.finished
+    return states
+
+
+def _mark_swapped(rid: str, trace: list[StepTrace], states: list[str | None]) -> None:
+    """Turn each preempted stretch into "swapped" unless the request came back having lost K/V."""
+    i = 0
+    while i < len(states):
+        if states[i] != "preempted":
+            i += 1
+            continue
+        end = next((j for j in range(i, len(states)) if states[j] != "preempted"), len(states))
+        left_with = trace[i - 1].kv_used.get(rid, 0)  # computed tokens when it was preempted
+        back = trace[end] if end < len(states) and rid in trace[end].scheduled else None
+        resumed_with = back.kv_used[rid] - back.scheduled[rid] if back else left_with
+        if resumed_with >= left_with:
+            states[i:end] = ["swapped"] * (end - i)
+        i = end
+
+
+def prompt_lens_of(outputs) -> dict[str, int]:
+    """request_id -> prompt tokens, from `LLM.generate`'s RequestOutputs: the `prompt_lens` of the stage-5 plots."""
+    return {out.request_id: len(out.prompt_token_ids) for out in outputs}
+
+
+_SCHEDULE_COLOURS = {
+    "waiting": WAITING,
+    "prefill": PREFILL,
+    "decode": DECODE,
+    "preempted": PREEMPTED,
+    "swapped": SWAPPED,
+    "finished": FINISHED,
+}
+
+
+def plot_schedule_gantt(
+    trace: list[StepTrace],
+    prompt_lens: dict[str, int] | None = None,
+    preemption_mode: str = "recompute",
+    ax=None,
+    title: str | None = None,
+) -> Figure:
+    """A Gantt chart, requests x steps, for continuous batching: who waits, prefills a chunk, decodes, is
+    preempted (K/V dropped) or swapped out (K/V on the CPU), or has finished, in every step.
+
+    A request that holds KV but was fed nothing in a step ("idle") is an empty outlined cell. States come
+    from `schedule_states`; `prompt_lens` and `preemption_mode` as there. `ax`: draw into it (None: a figure
+    of its own); `title`: the first line of the title.
+    Why: under continuous batching a seat is refilled the step after it frees, prefill chunks share steps
+    with decodes, and a request pushed out by a full pool waits (black) and comes back.
+    """
+    states, steps = schedule_states(trace, prompt_lens, preemption_mode), [step.step for step in trace]
+    ids = list(states)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1.3 + 0.35 * len(ids)))
+    shown = _draw_schedule_rows(ax, states, steps)
+    ax.set_yticks(range(len(ids)), ids)
+    for i, label in enumerate(ax.get_yticklabels()):
+        label.set_color(request_colour(i))
+    ax.set(
+        ylim=(len(ids) - 0.5, -0.5), xlim=(steps[0] - 0.5, steps[-1] + 0.5), xlabel="engine step", ylabel="request id"
+    )
+    num_preempted = len(preemption_events(trace))
+    head = title or "Continuous batching schedule"
+    ax.set_title(f"{head}: {len(steps)} steps, {num_preempted} preemptions", loc="left", fontsize=10, pad=20)
+    handles = _schedule_legend(shown)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1), ncols=len(handles), fontsize=7, frameon=False)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def _draw_schedule_rows(ax, states: dict[str, list[str | None]], steps: list[int]) -> set[str]:
+    """One row of bars per request, a bar per run of equal states; returns the states drawn."""
+    shown = set()
+    for row, rid in enumerate(states):
+        for state, runs in _spans(states[rid], steps).items():
+            shown.add(state)
+            if state == "idle":  # holds KV, fed nothing: an outline
+                ax.broken_barh(runs, (row - 0.4, 0.8), facecolors="none", edgecolors=DECODE, linewidth=0.8)
+            else:
+                hatch = "////" if state == "swapped" else None
+                ax.broken_barh(runs, (row - 0.4, 0.8), facecolors=_SCHEDULE_COLOURS[state], hatch=hatch)
+    return shown
+
+
+def _schedule_legend(shown: set[str]) -> list:
+    handles = [
+        Patch(facecolor=c, hatch="////" if s == "swapped" else None, label=_STATE_LABELS[s])
+        for s, c in _SCHEDULE_COLOURS.items()
+        if s in shown
+    ]
+    if "idle" in shown:
+        handles.append(Patch(facecolor="none", edgecolor=DECODE, label=_STATE_LABELS["idle"]))
+    return handles
+
+
+_STATE_LABELS = {
+    "waiting": "waiting",
+    "prefill": "prefill chunk",
+    "decode": "decode",
+    "preempted": "preempted (K/V dropped)",
+    "swapped": "swapped out (K/V on CPU)",
+    "finished": "finished",
+    "idle": "holds KV, no tokens",
+}
+
+
+def tokens_per_step(trace: list[StepTrace], prompt_lens: dict[str, int] | None = None) -> tuple[list[int], list[int]]:
+    """(prefill tokens, decode tokens) fed in each step, split as in `schedule_states`."""
+    states = schedule_states(trace, prompt_lens)
+    prefill, decode = [], []
+    for i, step in enumerate(trace):
+        fed = [(n, states[rid][i]) for rid, n in step.scheduled.items()]
+        prefill.append(sum(n for n, state in fed if state == "prefill"))
+        decode.append(sum(n for n, state in fed if state == "decode"))
+    return prefill, decode
+
+
+def plot_tokens_per_step(
+    trace: list[StepTrace], budget: int, prompt_lens: dict[str, int] | None = None, ax=None
+) -> Figure:
+    """Tokens fed per step, prefill chunks stacked on decodes, under the token budget (max_num_batched_tokens).
+
+    Why: one budget serves both kinds of work. Decodes (one token per running request) go first; prefill
+    chunks fill what is left, so a long prompt is spread over several steps instead of stalling the decodes.
+    """
+    prefill, decode = tokens_per_step(trace, prompt_lens)
+    steps = [step.step for step in trace]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    ax.bar(steps, decode, width=1.0, color=DECODE, label="decode tokens", edgecolor="white", linewidth=0.3)
+    ax.bar(steps, prefill, width=1.0, bottom=decode, color=PREFILL, label="prefill tokens", edgecolor="white", lw=0.3)
+    ax.axhline(budget, color="black", linewidth=1, linestyle="--", label=f"max_num_batched_tokens = {budget}")
+    ax.set(xlabel="engine step", ylabel="tokens fed", xlim=(steps[0] - 0.5, steps[-1] + 0.5), ylim=(0, 1.3 * budget))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    total = np.add(prefill, decode)
+    full = int((total == budget).sum())
+    ax.set_title(
+        f"Tokens per step: {sum(prefill)} prefill + {sum(decode)} decode in {len(steps)} steps; "
+        f"{total.mean() / budget:.0%} of the budget used on average, {full} steps full",
+        loc="left",
+        fontsize=10,
+    )
+    ax.legend(loc="upper right", ncols=3, fontsize=8)
+    ax.figure.tight_layout()
+    return ax.figure
