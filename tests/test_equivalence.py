@@ -136,3 +136,38 @@ def test_every_stage_has_equivalence_configs():
     # Stage 6 runs the same scheduler as stage 5 on Triton kernels; under the interpreter the bundled
     # model is too slow for this list, so tests/test_stage6.py checks it against the oracle on a tiny model.
     assert set(STAGES) - {6} <= set(STAGE_CONFIGS)
+
+
+@functools.cache
+def oracle_sample(prompt: str, max_tokens: int, seed: int):
+    m = bundled()
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=seed)
+    return oracle.generate(m.model, m.tokenizer.encode(prompt), params, m.config.eos_token_ids)
+
+
+@pytest.mark.parametrize(
+    "stage, cfg",
+    [
+        pytest.param(3, {"max_num_seqs": 3, "block_size": 4}, marks=pytest.mark.stage3),
+        pytest.param(5, {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24}, marks=pytest.mark.stage5),
+        pytest.param(
+            5,
+            {
+                "max_num_seqs": 8,
+                "block_size": 4,
+                "num_kv_blocks": 24,
+                "preemption_mode": "swap",
+                "long_prefill_token_threshold": 5,
+            },
+            marks=pytest.mark.stage5,
+        ),
+    ],
+)
+def test_seeded_samples_equal_the_oracle_through_batching_and_preemption(stage, cfg):
+    llm = LLM(stage=stage, debug_checks=True, **cfg)
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=n, seed=i) for i, n in enumerate(MAX_TOKENS)]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for i, (prompt, n, out) in enumerate(zip(PROMPTS, MAX_TOKENS, outs)):
+        assert out.outputs[0].token_ids == oracle_sample(prompt, n, i).token_ids, prompt
+    if stage == 5:
+        assert llm.engine.stats.num_preemptions > 0, "the pool is meant to preempt"

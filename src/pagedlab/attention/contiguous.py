@@ -75,7 +75,7 @@ class ContiguousAttention:
         """All decodes at once, each over exactly its own context (no padding to the longest).
 
         The contexts are laid end to end (S tokens in all); `req` says whose each token is, and the
-        softmax is taken per request with segment reductions (index_reduce_ / index_add_).
+        softmax is taken per request with segment reductions (scatter_reduce_ amax, index_add_).
         q [N, H, D] -> [N, H, D]; query head h reads KV head h // G (G = H / KVH, no repeat_kv copy).
         """
         rows = meta.decode_rows
@@ -87,7 +87,7 @@ class ContiguousAttention:
         k, v = k_flat[slots].float(), v_flat[slots].float()  # [S, KVH, D]
         qg = q.float().view(n, kvh, -1, d)  # [N, KVH, G, D]
         s = torch.einsum("skgd,skd->skg", qg[req], k) * self.scale  # [S, KVH, G]
-        m = torch.full_like(qg[..., 0], float("-inf")).index_reduce_(0, req, s, "amax")  # [N, KVH, G]
+        m = torch.full_like(qg[..., 0], float("-inf")).scatter_reduce_(0, req[:, None, None].expand_as(s), s, "amax")
         p = torch.exp(s - m[req])
         denom = torch.zeros_like(m).index_add_(0, req, p)
         acc = torch.zeros_like(qg).index_add_(0, req, p[..., None] * v[:, :, None, :])  # [N, KVH, G, D]
