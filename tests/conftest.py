@@ -83,11 +83,17 @@ def tiny_model_dir(tmp_path_factory, random_model):
     folder = tmp_path_factory.mktemp("tiny-llama")
     cfg = asdict(random_model.config)
     config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": cfg["vocab_size"], "hidden_size": cfg["hidden_size"],
-        "intermediate_size": cfg["intermediate_size"], "num_hidden_layers": cfg["num_hidden_layers"],
-        "num_attention_heads": cfg["num_attention_heads"], "num_key_value_heads": cfg["num_key_value_heads"],
-        "head_dim": cfg["head_dim"], "max_position_embeddings": cfg["max_position_embeddings"],
-        "eos_token_id": 1, "rms_norm_eps": cfg["rms_norm_eps"],
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": cfg["vocab_size"],
+        "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"],
+        "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_attention_heads": cfg["num_attention_heads"],
+        "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_dim": cfg["head_dim"],
+        "max_position_embeddings": cfg["max_position_embeddings"],
+        "eos_token_id": 1,
+        "rms_norm_eps": cfg["rms_norm_eps"],
     }
     (folder / "config.json").write_text(json.dumps(config))
     state = {k: v.contiguous() for k, v in random_model.state_dict().items()}

@@ -23,8 +23,12 @@ def poisson_times(rate: float, n: int, seed: int) -> list[float]:
 def test_requests_join_a_running_batch_and_stream_tokens():
     llm = LLM(stage=5, max_num_seqs=4, block_size=4, debug_checks=True)
     engine = llm.engine
-    reference = {o.prompt: o.outputs[0].token_ids for o in LLM(stage=4, max_num_seqs=1).generate(
-        ["ROMEO:", "JULIET:", "HAMLET:", "First Citizen:"], GREEDY, use_tqdm=False)}
+    reference = {
+        o.prompt: o.outputs[0].token_ids
+        for o in LLM(stage=4, max_num_seqs=1).generate(
+            ["ROMEO:", "JULIET:", "HAMLET:", "First Citizen:"], GREEDY, use_tqdm=False
+        )
+    }
     arrivals = dict(zip(reference, [0, 3, 4, 9]))  # the step at which each request arrives
     streamed: dict[str, list[list[int]]] = {}
     step = 0
@@ -63,8 +67,9 @@ def test_abort_mid_flight_frees_blocks_and_the_rest_carry_on():
 
 
 def test_a_seeded_poisson_stream_finishes_every_request():
-    llm = LLM(stage=5, max_num_seqs=3, block_size=4, num_kv_blocks=30, long_prefill_token_threshold=5,
-              debug_checks=True)
+    llm = LLM(
+        stage=5, max_num_seqs=3, block_size=4, num_kv_blocks=30, long_prefill_token_threshold=5, debug_checks=True
+    )
     engine = llm.engine
     times = poisson_times(rate=2.0, n=8, seed=3)  # arrivals in "seconds" of a simulated clock: 0.5 s per step
     finished, step = set(), 0
@@ -72,8 +77,9 @@ def test_a_seeded_poisson_stream_finishes_every_request():
         clock = step * 0.5
         while times and times[0] <= clock:
             i = 8 - len(times)
-            engine.add_request(f"r{i}", f"CITIZEN {i}:", SamplingParams(temperature=0, max_tokens=6 + i),
-                               arrival_time=times.pop(0))
+            engine.add_request(
+                f"r{i}", f"CITIZEN {i}:", SamplingParams(temperature=0, max_tokens=6 + i), arrival_time=times.pop(0)
+            )
         finished |= {o.request_id for o in engine.step() if o.finished}
         step += 1
         assert step < 500

@@ -8,11 +8,15 @@ Token-level stops (EOS, stop token ids, lengths) are the scheduler's
 detokenizing, and the engine then finishes the request (as vLLM's output
 processor does). A stop string is cut from the text; the tokens that formed
 it stay in `token_ids`.
+
+Text grows incrementally: each request keeps an `IncrementalDetokenizer`, so a
+step decodes only the tokens it produced, and a stop string is searched for
+only where it could newly end (vLLM: vllm/v1/engine/detokenizer.py).
 """
 
 from __future__ import annotations
 
-from pagedlab.model.tokenizer import Tokenizer
+from pagedlab.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from pagedlab.outputs import BeamSearchSequence, CompletionOutput, RequestOutput
 from pagedlab.request import Request
 
@@ -22,6 +26,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.groups: dict[str, list[Request]] = {}  # group id -> its children, in child order
         self.stopped_text: dict[str, str] = {}  # request_id -> text cut at its stop string
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}  # request_id -> its text so far
 
     def add_group(self, children: list[Request]) -> None:
         self.groups[children[0].group_id] = children
@@ -33,8 +38,9 @@ class OutputProcessor:
             stops = r.sampling_params.stop
             if not stops or self.tokenizer is None or r.request_id in self.stopped_text:
                 continue
-            text = self.tokenizer.decode(r.output_token_ids)
-            cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+            checked = len(self._detokenizer(r).text)  # no stop string ended in the text before this step
+            text = self._text(r)
+            cuts = [i for i in (text.find(s, max(0, checked - len(s) + 1)) for s in stops) if i >= 0]
             if cuts:
                 self.stopped_text[r.request_id] = text[: min(cuts)]
                 hits.append(r)
@@ -48,6 +54,7 @@ class OutputProcessor:
             if out.finished:
                 for child in self.groups.pop(out.request_id):
                     self.stopped_text.pop(child.request_id, None)
+                    self.detokenizers.pop(child.request_id, None)
         return outputs
 
     def with_text(self, beams: list[BeamSearchSequence], num_prompt_tokens: int) -> list[BeamSearchSequence]:
@@ -55,6 +62,15 @@ class OutputProcessor:
         for beam in beams:
             beam.text = self.tokenizer.decode(beam.tokens[num_prompt_tokens:]) if self.tokenizer else None
         return beams
+
+    def _detokenizer(self, r: Request) -> IncrementalDetokenizer:
+        if r.request_id not in self.detokenizers:
+            self.detokenizers[r.request_id] = self.tokenizer.detokenizer()
+        return self.detokenizers[r.request_id]
+
+    def _text(self, r: Request) -> str:
+        """r's output text, decoding only the tokens that arrived since it was last asked for."""
+        return self._detokenizer(r).update(r.output_token_ids, finished=r.status.is_finished())
 
     def _output(self, group_id: str) -> RequestOutput:
         children = self.groups[group_id]
@@ -76,7 +92,7 @@ class OutputProcessor:
     def _completion(self, r: Request) -> CompletionOutput:
         text = self.stopped_text.get(r.request_id)
         if text is None:
-            text = self.tokenizer.decode(r.output_token_ids) if self.tokenizer else ""
+            text = self._text(r) if self.tokenizer else ""
         return CompletionOutput(
             index=r.child_index,
             text=text,

@@ -11,7 +11,7 @@ At stage 1 a request's context is one contiguous run of slots that starts at
 its region: slot = region_start + position. Stage 2 overrides `context_slots`
 to look each position up through the block table instead.
 
-Shapes: T new tokens, N decodes, S = their context tokens laid end to end, H, KVH, D as in base.py.
+Shapes: T new tokens, N decodes cut into NT tiles of block_size context positions, H, KVH, D as in base.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from pagedlab.attention.base import causal_attention, repeat_kv
-from pagedlab.attention.metadata import AttentionMetadata
+from pagedlab.attention.metadata import AttentionMetadata, DecodePlan
 
 
 def allocate_kv_cache(num_layers, num_kv_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> torch.Tensor:
@@ -60,35 +60,65 @@ class ContiguousAttention:
         v_flat = v_cache.view(-1, *v.shape[1:])
         out = torch.empty_like(q)
         if meta.decode_rows_cpu:
-            tokens = meta.query_start_loc[meta.decode_rows]  # the one query token of each decode
-            out[tokens] = self._decode(q[tokens], k_flat, v_flat, meta)
+            if meta.decode_plan is None:  # the first layer plans the gather; the others reuse it
+                meta.decode_plan = self.plan_decode(meta)
+            tokens = meta.decode_plan.tokens
+            out.index_copy_(0, tokens, self._decode(q.index_select(0, tokens), k_flat, v_flat, meta.decode_plan))
         qsl = meta.query_start_loc_cpu
         for b in meta.prefill_rows_cpu:  # a prefill chunk: its queries over its whole context, causally
             positions = torch.arange(meta.seq_lens_cpu[b], device=q.device)
             slots = self.context_slots(meta, torch.full_like(positions, b), positions)
-            kk = repeat_kv(k_flat[slots], self.num_queries_per_kv)  # [n, H, D]
-            vv = repeat_kv(v_flat[slots], self.num_queries_per_kv)
+            kk = repeat_kv(k_flat.index_select(0, slots), self.num_queries_per_kv)  # [n, H, D]
+            vv = repeat_kv(v_flat.index_select(0, slots), self.num_queries_per_kv)
             out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale)
         return out
 
-    def _decode(self, q, k_flat, v_flat, meta: AttentionMetadata) -> torch.Tensor:
-        """All decodes at once, each over exactly its own context (no padding to the longest).
+    def plan_decode(self, meta: AttentionMetadata) -> DecodePlan:
+        """Where every decode's context lives, worked out once per step (every layer reads the same slots).
 
-        The contexts are laid end to end (S tokens in all); `req` says whose each token is, and the
-        softmax is taken per request with segment reductions (scatter_reduce_ amax, index_add_).
-        q [N, H, D] -> [N, H, D]; query head h reads KV head h // G (G = H / KVH, no repeat_kv copy).
+        A decode's context is cut into tiles of block_size positions (at stage 2 a tile is exactly one
+        block of its block table). The tail of a request's last tile, past its seq_len, still lies in
+        the request's own last block (or region), so it is a valid index; whatever it holds, a -inf
+        bias keeps it out of the softmax.
         """
-        rows = meta.decode_rows
-        lens = meta.seq_lens[rows]  # [N]
-        n, kvh, d = len(rows), k_flat.shape[1], k_flat.shape[2]
-        req = torch.repeat_interleave(torch.arange(n, device=q.device), lens)  # [S]
-        positions = torch.arange(len(req), device=q.device) - (torch.cumsum(lens, 0) - lens)[req]  # [S]
-        slots = self.context_slots(meta, rows[req], positions)  # [S]
-        k, v = k_flat[slots].float(), v_flat[slots].float()  # [S, KVH, D]
-        qg = q.float().view(n, kvh, -1, d)  # [N, KVH, G, D]
-        s = torch.einsum("skgd,skd->skg", qg[req], k) * self.scale  # [S, KVH, G]
-        m = torch.full_like(qg[..., 0], float("-inf")).scatter_reduce_(0, req[:, None, None].expand_as(s), s, "amax")
-        p = torch.exp(s - m[req])
-        denom = torch.zeros_like(m).index_add_(0, req, p)
-        acc = torch.zeros_like(qg).index_add_(0, req, p[..., None] * v[:, :, None, :])  # [N, KVH, G, D]
-        return (acc / denom[..., None]).reshape(q.shape).to(q.dtype)
+        rows, bs, kvh = meta.decode_rows, meta.block_size, self.kv_cache.shape[-2]
+        dev = rows.device
+        lens = meta.seq_lens.index_select(0, rows)  # [N]
+        tiles_per_req = torch.div(lens + bs - 1, bs, rounding_mode="floor")  # [N]
+        owner = torch.repeat_interleave(torch.arange(len(rows), device=dev), tiles_per_req)  # [NT] whose tile
+        first = (torch.cumsum(tiles_per_req, 0) - tiles_per_req).index_select(0, owner)  # [NT] owner's first tile
+        positions = (torch.arange(len(owner), device=dev) - first)[:, None] * bs + torch.arange(bs, device=dev)
+        padding = positions >= lens.index_select(0, owner)[:, None]  # [NT, bs] past the owner's seq_len
+        slots = self.context_slots(meta, rows.index_select(0, owner).repeat_interleave(bs), positions.reshape(-1))
+        # The cache viewed as rows of D values: KV head h of slot s is row s * KVH + h. Gathering in
+        # (tile, KV head, position) order gives [NT*KVH, bs, D], ready for a batched matmul.
+        head = torch.arange(kvh, device=dev)
+        kv_rows = (slots.view(-1, 1, bs) * kvh + head[None, :, None]).reshape(-1)  # [NT*KVH*bs]
+        bias = torch.zeros(len(owner), 1, 1, bs, device=dev).masked_fill_(padding[:, None, None, :], float("-inf"))
+        tokens = meta.query_start_loc.index_select(0, rows)  # the one query token of each decode
+        return DecodePlan(tokens, owner, kv_rows, bias.expand(-1, kvh, 1, bs).reshape(-1, 1, bs))
+
+    def _decode(self, q, k_flat, v_flat, plan: DecodePlan) -> torch.Tensor:
+        """All decodes at once, tile by tile, then one softmax per request over its tiles (in float32).
+
+        Like the paged kernels (stage 6): each tile of block_size keys gets its scores and its share of
+        the output with one batched matmul; the tiles of a request are then merged with segment
+        reductions (scatter_reduce_ amax for the max, index_add_ for the sums), as V2's reduce merges
+        partitions. Nothing is padded beyond the last tile, and query head h reads KV head h // G
+        (G = H / KVH) without a copy per query head. q [N, H, D] -> [N, H, D].
+        """
+        n, h, d = q.shape
+        kvh, owner = k_flat.shape[1], plan.owner
+        nt, g, bs = len(owner), h // kvh, plan.bias.shape[-1]
+        k = k_flat.view(-1, d).index_select(0, plan.kv_rows).view(nt * kvh, bs, d).float()
+        v = v_flat.view(-1, d).index_select(0, plan.kv_rows).view(nt * kvh, bs, d).float()
+        qt = q.float().index_select(0, owner).view(nt * kvh, g, d)  # each tile's copy of its query
+        s = torch.baddbmm(plan.bias, qt, k.transpose(1, 2), alpha=self.scale)  # [NT*KVH, G, bs]
+        tile_max = s.view(nt, kvh, g, bs).amax(dim=-1)  # [NT, KVH, G]
+        m = torch.full((n, kvh, g), float("-inf"), device=q.device)
+        m.scatter_reduce_(0, owner[:, None, None].expand_as(tile_max), tile_max, "amax")  # each request's max
+        p = torch.exp(s.view(nt, kvh, g, bs) - m.index_select(0, owner)[..., None])  # [NT, KVH, G, bs]
+        denom = torch.zeros_like(m).index_add_(0, owner, p.sum(dim=-1))  # [N, KVH, G]
+        pv = torch.bmm(p.view(nt * kvh, g, bs), v).view(nt, kvh, g, d)  # each tile's unnormalized output
+        acc = torch.zeros(n, kvh, g, d, device=q.device).index_add_(0, owner, pv)
+        return (acc / denom[..., None]).view(n, h, d).to(q.dtype)

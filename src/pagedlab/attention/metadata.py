@@ -19,6 +19,17 @@ from dataclasses import dataclass
 import torch
 
 
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """The torch reference's gather for this step's decodes: N decodes, their contexts cut into NT tiles
+    of block_size positions (attention/contiguous.py, `plan_decode`)."""
+
+    tokens: torch.Tensor  # [N] index of each decode's query token among the step's T tokens
+    owner: torch.Tensor  # [NT] which decode (0 .. N - 1) each tile belongs to
+    kv_rows: torch.Tensor  # [NT*KVH*bs] rows of the cache viewed as [slots*KVH, D], in (tile, KV head, position) order
+    bias: torch.Tensor  # [NT*KVH, 1, bs] 0 for a context position, -inf past the decode's seq_len
+
+
 @dataclass(slots=True)
 class AttentionMetadata:
     """Everything a cached attention backend needs for one step; built once per step by the runner."""
@@ -36,6 +47,7 @@ class AttentionMetadata:
     prefill_rows: torch.Tensor  # [N_p] requests with more than one new token (prefill chunks)
     prefill_rows_cpu: list[int]  # the same, on the CPU
     max_query_len: int  # the longest prefill chunk this step
+    decode_plan: DecodePlan | None = None  # filled by the torch backend's first layer, reused by the rest
 
     @property
     def num_reqs(self) -> int:

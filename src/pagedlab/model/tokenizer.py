@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, processors
+from tokenizers.decoders import DecodeStream
 
 
 class Tokenizer:
@@ -40,11 +41,48 @@ class Tokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self._hf.decode(list(token_ids), skip_special_tokens=True)
 
+    def detokenizer(self) -> IncrementalDetokenizer:
+        """A fresh incremental detokenizer for one request's output."""
+        return IncrementalDetokenizer(self._hf)
+
     def token_to_id(self, token: str) -> int | None:
         return self._hf.token_to_id(token)
 
     def save(self, path: str | Path) -> None:
         self._hf.save(str(path))
+
+
+class IncrementalDetokenizer:
+    """One request's output text, grown as its tokens arrive (vLLM's FastIncrementalDetokenizer).
+
+    Decoding the whole output again every step costs O(length) per token; this
+    decodes each token once. The library's `DecodeStream` keeps the few tokens of
+    context a byte-level or SentencePiece decoder needs, and holds a token back
+    while it ends in the middle of a multi-byte character.
+    """
+
+    def __init__(self, hf: _HFTokenizer):
+        self._hf = hf
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self.num_tokens = 0  # output tokens decoded so far
+        self.text = ""  # their text
+        self.finished = False  # the text is final
+
+    def update(self, output_token_ids: list[int], finished: bool = False) -> str:
+        """Decode the tokens appended since the last call; return the whole text so far.
+
+        A token that ends inside a character is held back until the character is whole. When the
+        request has finished nothing more will come, so the text becomes the whole output decoded at
+        once (a cut character then shows as U+FFFD, as in `Tokenizer.decode`).
+        """
+        if self.finished:
+            return self.text
+        for token_id in output_token_ids[self.num_tokens :]:
+            self.text += self._stream.step(self._hf, token_id) or ""
+        self.num_tokens = len(output_token_ids)
+        if finished:
+            self.text, self.finished = self._hf.decode(output_token_ids, skip_special_tokens=True), True
+        return self.text
 
 
 def build_char_tokenizer(chars: list[str], bos: str = "<bos>", eos: str = "<eos>", unk: str = "<unk>") -> Tokenizer:
