@@ -1,4 +1,4 @@
-"""viz.py and figures.py: every drawing shows exactly the trace's numbers; `make_figures` writes the PNGs."""
+"""The viz/ and figures/ packages: every drawing shows exactly the trace's numbers; `make_figures` writes the PNGs."""
 
 import matplotlib.pyplot as plt
 import numpy as np

@@ -38,15 +38,14 @@ class LLMEngine:
         self.config, self.model_config, self.tokenizer = config, mc, loaded.tokenizer
         self.kv_manager = preset.kv_manager.from_config(config)
         self.scheduler = preset.scheduler(config, self.kv_manager)
-        kv_cache = allocate_kv_cache(
+        cache_shape = (
             mc.num_hidden_layers,
             config.num_kv_blocks,
             config.block_size,
             mc.num_key_value_heads,
             mc.head_dim,
-            loaded.model.lm_head.weight.dtype,
-            config.device,
         )
+        kv_cache = allocate_kv_cache(*cache_shape, loaded.model.lm_head.weight.dtype, config.device)
         attention = make_attention(config, preset, kv_cache, mc.num_queries_per_kv, mc.head_dim)
         self.runner = ModelRunner(config, loaded.model, attention)
         self.output_processor = OutputProcessor(loaded.tokenizer)
@@ -81,22 +80,17 @@ class LLMEngine:
         text, token_ids = check_prompt(prompt, self.tokenizer, self.model_config.vocab_size, self.config.max_model_len)
         max_tokens = max_output_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
         arrival = time.perf_counter() - self._start if arrival_time is None else arrival_time
-        children = [
-            Request(
-                request_id if params.n == 1 else f"{i}_{request_id}",
-                token_ids,
-                params,
-                max_tokens,
-                self.model_config.eos_token_ids,
-                arrival,
-                priority,
-                cache_salt,
-                parent_id=None if params.n == 1 else request_id,
-                child_index=i,
-                prompt=text,
-            )
-            for i in range(params.n)
-        ]
+        children = Request.group(
+            request_id,
+            token_ids,
+            params,
+            max_tokens,
+            self.model_config.eos_token_ids,
+            arrival,
+            priority,
+            cache_salt,
+            text,
+        )
         self.scheduler.check_admissible(children)
         self.scheduler.add_request(children)
         self.output_processor.add_group(children)
@@ -112,20 +106,11 @@ class LLMEngine:
             raise ValueError(f"request_id: {request_id!r} is already running")
         text, token_ids = check_prompt(prompt, self.tokenizer, self.model_config.vocab_size, self.config.max_model_len)
         steps = max_output_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
-        sampling = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=2 * params.beam_width)
-        first = Request(
-            f"{request_id}-beam0",
-            token_ids,
-            sampling,
-            steps,
-            self.model_config.eos_token_ids,
-            time.perf_counter() - self._start,
-            parent_id=request_id,
-            prompt=text,
-        )
-        self.scheduler.check_admissible([first] * params.beam_width)
-        self._beams[request_id] = BeamGroup(request_id, params, [first], steps)
-        self.scheduler.add_beam_group(self._beams[request_id])
+        arrival, eos = time.perf_counter() - self._start, self.model_config.eos_token_ids
+        group = BeamGroup.start(request_id, token_ids, params, steps, eos, arrival, text)
+        self.scheduler.check_admissible(group.live * params.beam_width)  # every beam may need its own blocks
+        self._beams[request_id] = group
+        self.scheduler.add_beam_group(group)
 
     def abort_request(self, request_id: str) -> None:
         """End a request (all its children) now and free its KV; the next step() reports it."""
@@ -184,13 +169,7 @@ class LLMEngine:
             groups.clear()
 
     def _update_stats(self, scheduler_output, updated: list[Request], snapshot: StepTrace | None) -> None:
-        s = self.stats
-        s.num_generated_tokens += len(updated)
-        s.peak_kv_blocks_used = max(s.peak_kv_blocks_used, self.kv_manager.num_used_blocks)
-        s.prefix_cache_queries = self.kv_manager.prefix_cache_queries
-        s.prefix_cache_hits = self.kv_manager.prefix_cache_hits
-        s.num_preemptions = self.scheduler.num_preemptions
-        s.kv_usage = self.kv_manager.usage
+        self.stats.record_step(len(updated), self.kv_manager, self.scheduler)
         if self.config.debug_checks:
             self.scheduler.check_invariants()
         if snapshot is not None and scheduler_output.scheduled:
@@ -198,17 +177,5 @@ class LLMEngine:
             self.trace.append(snapshot)
 
     def _snapshot(self, so) -> StepTrace:
-        """The step as it ran: after scheduling and the forward pass, before update frees anything."""
-        kv, running = self.kv_manager, self.scheduler.running
-        scheduled = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
-        return StepTrace(
-            step=self.stats.num_steps + 1,
-            time=time.perf_counter() - self._start,
-            scheduled=scheduled,
-            waiting=[r.request_id for r in self.scheduler.waiting],
-            running=[r.request_id for r in running],
-            kv_held={r.request_id: kv.slots_held(r) for r in running},
-            kv_used={r.request_id: r.num_computed_tokens + scheduled.get(r.request_id, 0) for r in running},
-            block_tables={r.request_id: kv.get_block_ids(r) for r in running},
-            num_used_blocks=kv.num_used_blocks,
-        )
+        now = time.perf_counter() - self._start
+        return StepTrace.capture(self.stats.num_steps + 1, now, so, self.scheduler, self.kv_manager)

@@ -1,6 +1,6 @@
 """Stage 3: graphviz drawings of shared blocks: requests -> blocks with ref counts, and beam trees.
 
-Builds on: viz.py (the fixed colours), kv/cow.py (ref counts), sched/beam.py.
+Builds on: viz/palette.py (the fixed colours), kv/cow.py (ref counts), sched/beam.py.
 Read with: chapters/03-copy-on-write.md.
 
 Two pictures, both built from plain block tables so notebooks can draw any moment:
@@ -91,17 +91,7 @@ def beam_block_tree(
         graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica"},
         node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "filled"},
     )
-    holders: dict[int, int] = {}
-    text: dict[int, str | None] = {}
-    edges: set[tuple[int, int]] = set()
-    for beam, table in block_tables.items():
-        tokens = token_ids[beam]
-        for i, block_id in enumerate(table):
-            holders[block_id] = holders.get(block_id, 0) + 1
-            chunk = tokens[i * block_size : (i + 1) * block_size]
-            text[block_id] = decode(chunk) if decode else None
-            if i:
-                edges.add((table[i - 1], block_id))
+    holders, text, edges = _beam_blocks(block_tables, token_ids, block_size, decode)
     for block_id, n in holders.items():
         g.node(
             f"b_{block_id}",
@@ -116,6 +106,22 @@ def beam_block_tree(
         if table:
             g.edge(f"b_{table[-1]}", f"beam_{beam}", color=request_colour(i), style="dotted")
     return g
+
+
+def _beam_blocks(block_tables, token_ids, block_size, decode):
+    """Per physical block: how many beams hold it and its text; and the (block, next block) edges."""
+    holders: dict[int, int] = {}
+    text: dict[int, str | None] = {}
+    edges: set[tuple[int, int]] = set()
+    for beam, table in block_tables.items():
+        tokens = token_ids[beam]
+        for i, block_id in enumerate(table):
+            holders[block_id] = holders.get(block_id, 0) + 1
+            chunk = tokens[i * block_size : (i + 1) * block_size]
+            text[block_id] = decode(chunk) if decode else None
+            if i:
+                edges.add((table[i - 1], block_id))
+    return holders, text, edges
 
 
 def live_tables(engine) -> tuple[dict[str, list[int]], dict[str, list[int]]]:

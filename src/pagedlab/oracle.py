@@ -123,11 +123,9 @@ def beam_search(
         for beam, beam_values, beam_ids in zip(live, values.tolist(), ids.tolist()):
             for lp, token in zip(beam_values, beam_ids):
                 cand = BeamSearchSequence(beam.tokens + [token], beam.cum_logprob + lp)
-                if token in eos_token_ids and not params.ignore_eos:
-                    cand.finish_reason = "stop"
-                    finished.append(cand)
-                else:
-                    candidates.append(cand)
+                ends = token in eos_token_ids and not params.ignore_eos
+                cand.finish_reason = "stop" if ends else None
+                (finished if ends else candidates).append(cand)
         live = sorted(candidates, key=lambda c: c.cum_logprob, reverse=True)[:width]
         if not live:
             break

@@ -72,6 +72,27 @@ class Request:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
 
+    @classmethod
+    def group(cls, request_id, token_ids, params, max_tokens, eos_token_ids, arrival, priority, cache_salt, prompt):
+        """The n children of one user request; with n > 1 child i is "{i}_{request_id}", as in vLLM."""
+        n = params.n
+        return [
+            cls(
+                request_id if n == 1 else f"{i}_{request_id}",
+                token_ids,
+                params,
+                max_tokens,
+                eos_token_ids,
+                arrival,
+                priority,
+                cache_salt,
+                parent_id=None if n == 1 else request_id,
+                child_index=i,
+                prompt=prompt,
+            )
+            for i in range(n)
+        ]
+
     @property
     def group_id(self) -> str:
         """The id shared by all children of one user request (scheduled as one unit)."""

@@ -1,13 +1,13 @@
 """Stage 1: the model runner: build one step's tensors, run the model, sample.
 
-Builds on: model/llama.py, attention/metadata.py, sampling.py, sched/output.py.
+Builds on: model/llama.py, attention/metadata.py, block_table.py, sampling.py, sched/output.py.
 Read with: chapters/01-contiguous-static.md.
 
 Everything per step is built with vectorized numpy over the batch, never
 token by token in Python. Block tables live in one staged CPU buffer
-[rows, max_blocks_per_request] that is only written where the scheduler says
-a request's table changed (`new_block_ids`), and each step's [B, MB] table is
-one fancy-indexing gather of the scheduled rows, moved to the device at once.
+(block_table.py) that is only written where the scheduler says a request's
+table changed (`new_block_ids`), and each step's [B, MB] table is one
+fancy-indexing gather of the scheduled rows, moved to the device at once.
 
 Shapes: B scheduled requests, T new tokens, MB max blocks per request, V vocab.
 """
@@ -21,39 +21,11 @@ import numpy as np
 import torch
 
 from pagedlab.attention.metadata import AttentionMetadata
+from pagedlab.block_table import BlockTableBuffer
 from pagedlab.config import EngineConfig
 from pagedlab.model.llama import CausalLM
 from pagedlab.sampling import sample
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
-
-
-class BlockTableBuffer:
-    """Persistent CPU block tables, one row per live request (vLLM's BlockTable, simplified)."""
-
-    def __init__(self, rows: int, max_blocks: int):
-        self.table = np.zeros((rows, max_blocks), dtype=np.int32)  # [rows, MB]
-        self.row_of: dict[str, int] = {}  # request_id -> row
-        self.free_rows = list(range(rows - 1, -1, -1))
-
-    def write(self, req_id: str, start: int, block_ids: list[int]) -> None:
-        if req_id not in self.row_of:
-            if not self.free_rows:
-                self._grow()
-            self.row_of[req_id] = self.free_rows.pop()
-        self.table[self.row_of[req_id], start : start + len(block_ids)] = block_ids
-
-    def remove(self, req_id: str) -> None:
-        row = self.row_of.pop(req_id, None)
-        if row is not None:
-            self.free_rows.append(row)
-
-    def gather(self, req_ids: list[str]) -> np.ndarray:
-        return self.table[[self.row_of[r] for r in req_ids]]  # [B, MB]
-
-    def _grow(self) -> None:
-        old = len(self.table)
-        self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
 
 
 class ModelRunner:

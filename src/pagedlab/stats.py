@@ -23,6 +23,15 @@ class EngineStats:
     step_seconds: float = 0.0  # wall time inside step()
     forward_seconds: float = 0.0  # of which inside the model's forward and sampling
 
+    def record_step(self, num_sampled: int, kv_manager, scheduler) -> None:
+        """Fold one step in: tokens are summed; the KV and scheduler counters are read as they stand."""
+        self.num_generated_tokens += num_sampled
+        self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, kv_manager.num_used_blocks)
+        self.prefix_cache_queries = kv_manager.prefix_cache_queries
+        self.prefix_cache_hits = kv_manager.prefix_cache_hits
+        self.num_preemptions = scheduler.num_preemptions
+        self.kv_usage = kv_manager.usage
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
@@ -47,3 +56,20 @@ class StepTrace:
     block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks
     num_used_blocks: int = 0  # blocks held in the pool during the step
     finished: list[str] = field(default_factory=list)  # requests that ended in this step's update
+
+    @classmethod
+    def capture(cls, step: int, now: float, scheduler_output, scheduler, kv_manager) -> StepTrace:
+        """The step as it ran: after scheduling and the forward pass, before update frees anything."""
+        so, running = scheduler_output, scheduler.running
+        scheduled = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
+        return cls(
+            step=step,
+            time=now,
+            scheduled=scheduled,
+            waiting=[r.request_id for r in scheduler.waiting],
+            running=[r.request_id for r in running],
+            kv_held={r.request_id: kv_manager.slots_held(r) for r in running},
+            kv_used={r.request_id: r.num_computed_tokens + scheduled.get(r.request_id, 0) for r in running},
+            block_tables={r.request_id: kv_manager.get_block_ids(r) for r in running},
+            num_used_blocks=kv_manager.num_used_blocks,
+        )

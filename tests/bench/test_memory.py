@@ -8,16 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedlab import bench
-from pagedlab.bench.memory import (
-    NUM_REQUESTS,
-    SHARES,
-    FirstFitAllocator,
-    StepCounts,
-    make_space,
-    memory_rows,
-    run_memory,
-    simulate,
-)
+from pagedlab.bench.kv_spaces import FirstFitAllocator, make_space
+from pagedlab.bench.memory import NUM_REQUESTS, SHARES, StepCounts, memory_rows, run_memory, simulate
 from pagedlab.bench.workloads import WORKLOADS, RequestSpec, sample_requests
 from pagedlab.cli import main
 

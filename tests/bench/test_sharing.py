@@ -12,12 +12,11 @@ from pagedlab.bench.sharing import (
     Stream,
     add_requests,
     corpus_token_ids,
-    plot_sharing,
     run_sharing,
-    save_sharing_figure,
     sharing_row,
     sharing_rows,
 )
+from pagedlab.bench.sharing_report import plot_sharing, save_sharing_figure
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
 from pagedlab.cli import main
 

@@ -9,21 +9,18 @@ import pytest
 import torch
 
 from pagedlab import bench
+from pagedlab.bench.hf_generate import hf_available, load_hf_model, serve_hf
 from pagedlab.bench.throughput import (
     ENGINE_SYSTEMS,
     HF_SYSTEM,
     EngineSystem,
     StreamRequest,
-    hf_available,
-    load_hf_model,
     make_stream,
     needed_context,
-    plot_throughput,
     pool_blocks,
-    save_throughput_figure,
     serve_engine,
-    serve_hf,
 )
+from pagedlab.bench.throughput_report import plot_throughput, save_throughput_figure
 from pagedlab.model.loader import bundled_model_path, load_model
 from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.oracle import greedy

@@ -266,8 +266,7 @@ def paged_decode(
 ):
     """Checked launcher. q/out [T, H, D]; caches [num_blocks, block_size, KVH, D]; block_table [B, MB];
     seq_lens [B]; rows / q_index [N]: the decode requests' table rows and query tokens. Returns the version run."""
-    _, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
     assert partition_size % 16 == 0, "partition_size must be a multiple of 16"
@@ -275,6 +274,18 @@ def paged_decode(
     if n == 0:
         return None
     version = version or ("v1" if use_v1(max_seq_len, n, num_heads, partition_size) else "v2")
+    inputs = (q, k_cache, v_cache, block_table, seq_lens, rows, q_index)
+    if version == "v1":
+        _launch_v1(out, inputs, scale)
+    else:
+        _launch_v2(out, inputs, scale, triton.cdiv(max_seq_len, partition_size), partition_size)
+    return version
+
+
+def _shapes(q, k_cache, block_table) -> tuple[dict, tuple]:
+    """The constexprs and the cache strides both decode kernels take."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     common = dict(
         QUERIES_PER_KV=num_heads // num_kv_heads,
         HEAD_DIM=head_dim,
@@ -282,63 +293,32 @@ def paged_decode(
         BLOCK_N=16,
         BLOCK_SIZE=block_size,
     )
-    strides = (block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
-    if version == "v1":
-        paged_decode_v1_kernel[(n, num_heads)](
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_table,
-            seq_lens,
-            rows,
-            q_index,
-            q.stride(0),
-            q.stride(1),
-            out.stride(0),
-            out.stride(1),
-            *strides,
-            scale,
-            **common,
-        )
-        return version
-    parts = triton.cdiv(max_seq_len, partition_size)
-    stats = torch.empty((n, num_heads, parts), dtype=torch.float32, device=q.device)
-    sums = torch.empty_like(stats)
+    return common, (block_table.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+
+
+def _launch_v1(out, inputs, scale) -> None:
+    """V1: one program per (request, query head)."""
+    q, k_cache, _, block_table, _, rows, _ = inputs
+    common, strides = _shapes(q, k_cache, block_table)
+    grid = (rows.numel(), q.shape[1])
+    q_strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1))
+    paged_decode_v1_kernel[grid](out, *inputs, *q_strides, *strides, scale, **common)
+
+
+def _launch_v2(out, inputs, scale, parts: int, partition_size: int) -> None:
+    """V2: one program per (request, query head, partition) into fp32 scratch, then the reduce."""
+    q, k_cache, _, block_table, seq_lens, rows, q_index = inputs
+    common, strides = _shapes(q, k_cache, block_table)
+    n, num_heads = rows.numel(), q.shape[1]
+    stats = torch.empty((n, num_heads, parts), dtype=torch.float32, device=q.device)  # each partition's max
+    sums = torch.empty_like(stats)  # each partition's softmax denominator
     tmp = torch.empty((n, num_heads, parts, common["BLOCK_D"]), dtype=torch.float32, device=q.device)
     paged_decode_v2_kernel[(n, num_heads, parts)](
-        tmp,
-        stats,
-        sums,
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        seq_lens,
-        rows,
-        q_index,
-        q.stride(0),
-        q.stride(1),
-        *strides,
-        scale,
-        parts,
-        PARTITION_SIZE=partition_size,
-        **common,
-    )
+        tmp, stats, sums, *inputs, q.stride(0), q.stride(1), *strides, scale, parts,
+        PARTITION_SIZE=partition_size, **common,
+    )  # fmt: skip
     paged_decode_reduce_kernel[(n, num_heads)](
-        out,
-        tmp,
-        stats,
-        sums,
-        seq_lens,
-        rows,
-        q_index,
-        out.stride(0),
-        out.stride(1),
-        parts,
-        HEAD_DIM=head_dim,
-        BLOCK_D=common["BLOCK_D"],
-        BLOCK_P=triton.next_power_of_2(parts),
+        out, tmp, stats, sums, seq_lens, rows, q_index, out.stride(0), out.stride(1), parts,
+        HEAD_DIM=common["HEAD_DIM"], BLOCK_D=common["BLOCK_D"], BLOCK_P=triton.next_power_of_2(parts),
         PARTITION_SIZE=partition_size,
-    )
-    return version
+    )  # fmt: skip

@@ -132,28 +132,9 @@ def paged_prefill(
     if n == 0:
         return
     grid = (n, num_heads, triton.cdiv(max_query_len, block_m))
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0), *k_cache.stride()[:3])
     paged_prefill_kernel[grid](
-        out,
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        rows,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_table.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        scale,
-        QUERIES_PER_KV=num_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_SIZE=block_size,
-    )
+        out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, rows, *strides, scale,
+        QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
+    )  # fmt: skip

@@ -7,7 +7,8 @@ A bench is a function `run_NAME(console, *, figure=True, **options) -> {"bench":
 registered in BENCHES. It prints its progress and its table (the paper's figures beside ours) on
 `console`, which is stderr, so that with `--json` stdout carries exactly one JSON object. Each row is
 flat, with the fields DESIGN §6 lists for that bench (null where they do not apply), fractions as 0-1
-numbers and times in seconds. Adding a bench = one module + one entry in BENCHES.
+numbers and times in seconds. Adding a bench = one module + one entry in BENCHES (a long bench keeps its
+tables and figure in a NAME_report.py beside it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Benchmarks: `pagedlab bench kernel`, the stage-6 Triton kernels against the torch reference.
 
-Builds on: attention/triton_decode.py, attention/triton_prefill.py, attention/paged.py (the torch reference).
+Builds on: bench/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton_decode.py,
+attention/triton_prefill.py, attention/paged.py (the torch reference).
 Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
 
 One decode step of B requests, each with a context of L tokens in a paged cache with shuffled block tables:
@@ -31,9 +32,10 @@ import importlib.util
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
+
+from pagedlab.bench.kernel_cases import HeadShape, PagedCase, decode_impls, make_case, prefill_impl, reference
 
 GPU_BATCHES = (1, 8, 64)
 GPU_CONTEXTS = (512, 1024, 4096)
@@ -50,19 +52,6 @@ PEAK_GBPS = (
     ("L40S", 864), ("L40", 864), ("L4", 300), ("RTX 4090", 1008), ("A10G", 600), ("T4", 320),
 )
 # fmt: on
-
-
-@dataclass(frozen=True)
-class HeadShape:
-    """The attention shape of one layer, and the paging around it."""
-
-    num_heads: int  # H query heads
-    num_kv_heads: int  # KVH key/value heads (GQA: H // KVH queries share one)
-    head_dim: int  # D
-    block_size: int  # tokens per KV block
-    partition_size: int  # V2's partition, in tokens
-
-
 GPU_SHAPE = HeadShape(32, 8, 128, 16, 512)  # Llama-3-8B's attention, vLLM's defaults
 CPU_SHAPE = HeadShape(4, 2, 32, 16, 16)  # the bundled model's heads; partitions of 16 split a context of 37
 
@@ -91,141 +80,6 @@ def select_mode(console) -> str | None:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton and the kernels are imported (below, lazily)
     console.print("kernel: no CUDA device: set TRITON_INTERPRET=1 before importing triton")
     return "interpreter"
-
-
-@dataclass
-class PagedCase:
-    """Random K/V for B requests of L tokens each, in a paged cache with shuffled block tables."""
-
-    kv_cache: torch.Tensor  # [1 layer, 2, num_blocks, block_size, KVH, D]
-    block_table: torch.Tensor  # [B, ceil(L / block_size)] int32
-    context_len: int  # L, the same for every request
-    shape: HeadShape
-
-    @property
-    def k_cache(self) -> torch.Tensor:
-        return self.kv_cache[0, 0]  # [num_blocks, block_size, KVH, D]
-
-    @property
-    def v_cache(self) -> torch.Tensor:
-        return self.kv_cache[0, 1]
-
-    def slots(self) -> torch.Tensor:
-        """[B, L] the cache slot of every context position."""
-        bs = self.shape.block_size
-        pos = torch.arange(self.context_len, device=self.block_table.device)
-        return self.block_table[:, pos // bs].long() * bs + pos % bs
-
-    def gather(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous K and V, [B, L, KVH, D] each: the copy the torch reference makes every step."""
-        s, slots = self.shape, self.slots()
-        k = self.k_cache.reshape(-1, s.num_kv_heads, s.head_dim)  # [slots, KVH, D]
-        v = self.v_cache.reshape(-1, s.num_kv_heads, s.head_dim)
-        return k[slots], v[slots]
-
-
-def make_case(batch: int, context_len: int, shape: HeadShape, dtype: torch.dtype, device: str, seed: int = 0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    per = -(-context_len // shape.block_size)
-    num_blocks = batch * per + 1  # one block nobody uses: tables never cover the whole pool in order
-    size = (1, 2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-    kv = torch.randn(size, generator=g, device=device).to(dtype)
-    perm = torch.randperm(num_blocks, generator=g, device=device)[: batch * per]
-    return PagedCase(kv, perm.view(batch, per).to(torch.int32), context_len, shape)
-
-
-def reference(case: PagedCase, q: torch.Tensor, q_len: int, seq_lens: list[int] | None = None) -> torch.Tensor:
-    """fp32 attention of each request's last q_len positions over its context (seq_lens[b] tokens, default L),
-    gathered through the block table: [B * q_len, H, D]."""
-    from pagedlab.attention.base import causal_attention, repeat_kv
-
-    s, (keys, values) = case.shape, case.gather()
-    rep = s.num_heads // s.num_kv_heads
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for b, n in enumerate(seq_lens or [case.context_len] * keys.shape[0]):
-        qb = q[b * q_len : (b + 1) * q_len].float()
-        kb, vb = repeat_kv(keys[b, :n].float(), rep), repeat_kv(values[b, :n].float(), rep)  # [n, H, D]
-        out[b * q_len : (b + 1) * q_len] = causal_attention(qb, kb, vb, s.head_dim**-0.5)
-    return out
-
-
-def decode_metadata(case: PagedCase):
-    """The runner's metadata for one decode step of every request (the last position is the new token)."""
-    from pagedlab.attention.metadata import AttentionMetadata
-
-    b, dev = case.block_table.shape[0], case.block_table.device
-    rows = torch.arange(b, device=dev)
-    seq_lens = torch.full((b,), case.context_len, dtype=torch.int64, device=dev)
-    return AttentionMetadata(
-        query_start_loc=torch.arange(b + 1, device=dev),
-        query_start_loc_cpu=list(range(b + 1)),
-        seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.tolist(),
-        slot_mapping=case.slots()[:, -1],  # [B] the slot of each request's last position
-        block_table=case.block_table,
-        max_seq_len=case.context_len,
-        block_size=case.shape.block_size,
-        decode_rows=rows,
-        decode_rows_cpu=rows.tolist(),
-        prefill_rows=rows[:0],
-        prefill_rows_cpu=[],
-        max_query_len=1,
-    )
-
-
-def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:
-    """impl name -> a no-argument function returning [B, H, D], all over the same cache and queries."""
-    import torch.nn.functional as F
-
-    from pagedlab.attention.paged import PagedAttention
-    from pagedlab.attention.triton_decode import paged_decode
-
-    s, meta, ctx = case.shape, decode_metadata(case), case.context_len
-    scale, rows = s.head_dim**-0.5, meta.decode_rows
-    torch_attn = PagedAttention(case.kv_cache, s.num_heads // s.num_kv_heads, s.head_dim)
-    # forward() stores the new token first: give it the K/V already in its slot, so the cache stays as it is
-    k_new = case.k_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]
-    v_new = case.v_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]
-    keys, values = (t.transpose(1, 2).contiguous() for t in case.gather())  # [B, KVH, L, D]
-
-    def triton(version):
-        def run():
-            out = torch.empty_like(q)
-            kv = (case.k_cache, case.v_cache, case.block_table, meta.seq_lens)
-            ps = s.partition_size
-            paged_decode(out, q, *kv, rows, rows, scale, max_seq_len=ctx, partition_size=ps, version=version)
-            return out
-
-        return run
-
-    def sdpa():
-        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, enable_gqa=True)  # [B, H, 1, D]
-        return out[:, :, 0]
-
-    return {
-        "torch": lambda: torch_attn.forward(0, q, k_new, v_new, meta),
-        "triton-v1": triton("v1"),
-        "triton-v2": triton("v2"),
-        "sdpa": sdpa,
-    }
-
-
-def prefill_impl(case: PagedCase, q: torch.Tensor, chunk: int):
-    """paged_prefill of a chunk of `chunk` new queries at the end of each request's context."""
-    from pagedlab.attention.triton_prefill import paged_prefill
-
-    b, dev, s = case.block_table.shape[0], q.device, case.shape
-    qsl = torch.arange(b + 1, device=dev) * chunk
-    seq_lens = torch.full((b,), case.context_len, dtype=torch.int64, device=dev)
-
-    rows, kv = torch.arange(b, device=dev), (case.k_cache, case.v_cache, case.block_table)
-
-    def run():
-        out = torch.empty_like(q)
-        paged_prefill(out, q, *kv, seq_lens, qsl, rows, s.head_dim**-0.5, max_query_len=chunk)
-        return out
-
-    return run
 
 
 def measure(fn, want: torch.Tensor, mode: str) -> dict:

@@ -12,6 +12,7 @@ time to first token and normalized latency than under FCFS, at class 2's cost.
 
 from __future__ import annotations
 
+from pagedlab.bench.throughput import TORCH_THREADS, make_stream, pool_blocks
 from pagedlab.sampling_params import SamplingParams
 
 NUM_CLASSES = 3
@@ -71,3 +72,20 @@ def priority_table(rows: list[dict]):
             str(r["preemptions"]),
         )
     return table
+
+
+def priority_section(row: dict):
+    """Latency by priority class on the same stream and pool as the `continuous` row (one thread)."""
+    import torch
+
+    from pagedlab.llm import LLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    try:
+        tok = LLM(stage="continuous").get_tokenizer()
+        stream = make_stream(tok, row["num_requests"], row["length_scale"], row["seed"])
+        blocks = pool_blocks(stream, row["max_num_seqs"], row["block_size"])
+        return priority_table(priority_latencies(stream, blocks, row["max_num_seqs"], row["block_size"]))
+    finally:
+        torch.set_num_threads(threads)

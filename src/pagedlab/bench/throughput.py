@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench throughput`, continuous vs static batching on the bundled model (DESIGN §6).
 
 Builds on: llm.py (stage 4 `prefix`: static batching; stage 5 `continuous`), bench/workloads.py, and Hugging Face
-transformers when it is installed (the `hf-generate` baseline).
+transformers when it is installed (the `hf-generate` baseline, bench/hf_generate.py).
 Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
 
 One seeded ShareGPT-like stream, every request queued at t=0, greedy, output
@@ -39,25 +39,20 @@ end), which is why it is reported rather than paid: it is what the tiles save.
 
 Lengths are the paper's ShareGPT shape (max_model_len 2048) scaled by 1/4 so
 that the bench runs in a few minutes on two CPU cores; torch runs on one thread.
+Tables and figure: bench/throughput_report.py; latency by priority class: bench/priority.py.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import random
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pagedlab.bench.workloads import sample_requests
 from pagedlab.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-    from rich.table import Table
 
 WORKLOAD = "sharegpt"
 NUM_REQUESTS = 128  # four static batches of MAX_NUM_SEQS: static pays its longest-request tail four times
@@ -193,80 +188,6 @@ def needed_context(stream: list[StreamRequest]) -> int:
     return sum((r.output_len - 1) * len(r.prompt_token_ids) + (r.output_len - 1) * r.output_len // 2 for r in stream)
 
 
-def hf_available() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def load_hf_model():
-    """The bundled model as Hugging Face's LlamaForCausalLM (float32, eval), offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import LlamaForCausalLM
-
-    from pagedlab.model.loader import bundled_model_path
-
-    return LlamaForCausalLM.from_pretrained(bundled_model_path()).float().eval()
-
-
-def serve_hf(model, stream: list[StreamRequest], batch_size: int) -> Served:
-    """Static padded batches of `batch_size`, in stream order; each runs until the batch's longest output ends.
-
-    A request's first token and finish are the ends of its batch's first and output_len-th generate steps.
-    """
-    start, cpu_start = time.perf_counter(), time.process_time()
-    tokens, first, latency, steps, context = [], [], [], 0, 0
-    for i in range(0, len(stream), batch_size):
-        batch = stream[i : i + batch_size]
-        new, step_times = _generate_batch(model, batch)
-        width, n = max(len(r.prompt_token_ids) for r in batch), len(step_times)
-        context += len(batch) * ((n - 1) * width + (n - 1) * n // 2)  # every row, padded, until the longest ends
-        for row, r in enumerate(batch):
-            tokens.append(new[row, : r.output_len].tolist())  # its own output; the rest of the row is the batch's
-            first.append(step_times[0] - start)
-            latency.append(step_times[r.output_len - 1] - start)
-        steps += len(step_times)
-    total_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    return Served(tokens, first, latency, total_s, cpu_s, steps, None, None, None, context)
-
-
-def _generate_batch(model, batch: list[StreamRequest]):
-    """Greedy `generate` on one left-padded batch: (new token ids [B, N], the end time of each of the N steps)."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class StepClock(StoppingCriteria):
-        """Never stops generation; notes when each step ends."""
-
-        def __init__(self):
-            self.times: list[float] = []
-
-        def __call__(self, input_ids, scores, **kwargs):
-            self.times.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    width = max(len(r.prompt_token_ids) for r in batch)
-    pad = [width - len(r.prompt_token_ids) for r in batch]
-    ids = torch.tensor([[0] * p + list(r.prompt_token_ids) for p, r in zip(pad, batch)])  # [B, P]
-    mask = torch.tensor([[0] * p + [1] * (width - p) for p in pad])  # [B, P]: 0 = padding
-    clock = StepClock()
-    num_new = max(r.output_len for r in batch)
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=num_new,
-            do_sample=False,
-            eos_token_id=None,  # run the full length past EOS, as ignore_eos does
-            pad_token_id=0,
-            stopping_criteria=StoppingCriteriaList([clock]),
-        )
-    assert out.shape[1] == width + num_new == width + len(clock.times), "generate stopped early"
-    return out[:, width:], clock.times
-
-
 def throughput_row(system: str, stream: list[StreamRequest], served: Served, **extras) -> dict:
     """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
     out_lens = [r.output_len for r in stream]
@@ -312,6 +233,7 @@ def throughput_rows(
     The systems take turns `repeats` times, each run on a fresh engine, and each system's fastest run is
     reported: a burst of other work on the machine then slows one run, not one system.
     """
+    from pagedlab.bench.hf_generate import hf_job
     from pagedlab.config import parse_stage
     from pagedlab.llm import LLM
 
@@ -327,11 +249,8 @@ def throughput_rows(
         jobs[system.name] = functools.partial(serve_engine, system, stream, pool, **config)
         mode = system.engine_args.get("preemption_mode")
         extras[system.name] = {"stage": parse_stage(system.stage), "preemption_mode": mode}
-    if HF_SYSTEM in wanted and hf_available():
-        model = load_hf_model()
-        serve_hf(model, stream[:2], 2)  # torch's first calls
-        jobs[HF_SYSTEM] = functools.partial(serve_hf, model, stream, max_num_seqs)
-        extras[HF_SYSTEM] = {"stage": None, "preemption_mode": None}
+    if HF_SYSTEM in wanted and (job := hf_job(stream, max_num_seqs)):
+        jobs[HF_SYSTEM], extras[HF_SYSTEM] = job, {"stage": None, "preemption_mode": None}
     served = _fastest_runs(console, jobs, repeats, len(stream))
     rows = [throughput_row(name, stream, run, **extras[name]) for name, run in served.items()]
     add_comparisons(rows, served)
@@ -355,6 +274,9 @@ def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "f
     """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png. Torch runs on one thread."""
     import torch
 
+    from pagedlab.bench.priority import priority_section
+    from pagedlab.bench.throughput_report import ratios_table, save_throughput_figure, target_line, throughput_table
+
     start, threads = time.perf_counter(), torch.get_num_threads()
     show_priority = options.pop("priority_table", True)
     torch.set_num_threads(TORCH_THREADS)
@@ -366,164 +288,9 @@ def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "f
     console.print(ratios_table(rows))
     console.print(target_line(rows))
     if show_priority:
-        console.print(_priority_section(rows[0], options))
+        console.print(priority_section(rows[0]))
     console.print(f"[dim]{PAPER}[/dim]")
     if figure:
         console.print(f"wrote {save_throughput_figure(rows, figures_dir)}")
     console.print(f"[dim]throughput: {time.perf_counter() - start:.1f} s[/dim]")
     return {"bench": "throughput", "rows": rows}
-
-
-def _priority_section(row: dict, options: dict):
-    """Latency by priority class on the same stream and pool as the `continuous` row (one thread)."""
-    import torch
-
-    from pagedlab.bench.priority import priority_latencies, priority_table
-    from pagedlab.llm import LLM
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TORCH_THREADS)
-    try:
-        tok = LLM(stage="continuous").get_tokenizer()
-        stream = make_stream(tok, row["num_requests"], row["length_scale"], row["seed"])
-        blocks = pool_blocks(stream, row["max_num_seqs"], row["block_size"])
-        return priority_table(priority_latencies(stream, blocks, row["max_num_seqs"], row["block_size"]))
-    finally:
-        torch.set_num_threads(threads)
-
-
-def throughput_table(rows: list[dict]) -> Table:
-    """A rich table of the rows: speed, latency, and where the steps went."""
-    from rich.table import Table
-
-    r0, n = rows[0], rows[0]["num_requests"]
-    title = (
-        f"Throughput, {r0['workload']}-like lengths x {r0['length_scale']:g} ({n} requests, prompt "
-        f"{r0['prompt_tokens'] / n:.0f} + output {r0['output_tokens'] / n:.0f} tokens on average), all queued at t=0, "
-        f"max_num_seqs {r0['max_num_seqs']}, block {r0['block_size']}, CPU, torch threads {r0['torch_threads']}"
-    )
-    table = Table(title=title, padding=(0, 1), show_edge=False)
-    table.add_column("system", no_wrap=True)
-    cols = ("blocks", "tok/s", "req/s", "ms/tok", "TTFT", "preempt", "steps", "batch", "ctx×", "model", "CPU s", "same")
-    for col in cols:
-        table.add_column(col, justify="right", min_width=len(col))
-    for r in rows:
-        table.add_row(
-            r["system"],
-            dash(r["num_kv_blocks"], "d"),
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['requests_per_s']:.2f}",
-            f"{1000 * r['normalized_latency_s']:.0f}",
-            f"{r['ttft_s']:.1f}",
-            dash(r["preemptions"], "d"),
-            str(r["steps"]),
-            f"{r['tokens_per_step']:.1f}",
-            dash(r["context_padding"], ".2f"),
-            dash(r["forward_share"], ".0%"),
-            f"{r['cpu_s']:.1f}",
-            dash(r["same_tokens_as_static"], ".0%"),
-        )
-    table.caption = (
-        "blocks: KV pool; ms/tok: normalized latency; TTFT in s; batch: output tokens per step; ctx×: context "
-        "slots a decode attention padded to each batch's longest would read ÷ those needed (ours reads tiles); "
-        "model: share "
-        "of step time in forward + sampling; CPU s: this process's CPU time (below the wall time when other programs "
-        "share the cores); same: requests whose tokens equal static's"
-    )
-    return table
-
-
-def dash(value, fmt: str) -> str:
-    """A table cell: '-' where a field does not apply."""
-    return "-" if value is None else format(value, fmt)
-
-
-RATIO_KEYS = {  # metric -> label; continuous ÷ a baseline
-    "tokens_per_s": "tokens/s (wall)",
-    "tokens_per_cpu_s": "tokens per CPU-second",
-    "requests_per_s": "requests/s",
-    "normalized_latency_s": "normalized latency",
-    "ttft_s": "time to first token",
-    "steps": "steps",
-}
-
-
-def ratios(rows: list[dict], base: str) -> dict[str, float] | None:
-    """continuous ÷ `base` for each of RATIO_KEYS, None if either row is missing."""
-    by = {r["system"]: r for r in rows}
-    if "continuous" not in by or base not in by:
-        return None
-    return {k: by["continuous"][k] / by[base][k] for k in RATIO_KEYS}
-
-
-def ratios_table(rows: list[dict]) -> Table:
-    from rich.table import Table
-
-    table = Table(title="continuous ÷ baseline (speeds: higher is better; latencies and steps: lower)")
-    bases = [b for b in ("static", HF_SYSTEM) if ratios(rows, b) is not None]
-    table.add_column("metric")
-    for base in bases:
-        table.add_column(f"continuous ÷ {base}", justify="right")
-    for key, label in RATIO_KEYS.items():
-        table.add_row(label, *(f"{ratios(rows, b)[key]:.2f}x" for b in bases))
-    return table
-
-
-def target_line(rows: list[dict]) -> str:
-    """Is continuous >= TARGET_SPEEDUP x static in tokens/s? With the step ratio: what a step of fixed cost gives."""
-    r = ratios(rows, "static")
-    if r is None:
-        return "continuous vs static: not both measured"
-    verdict = "met" if r["tokens_per_s"] >= TARGET_SPEEDUP else "[bold]not met[/bold]"
-    return (
-        f"continuous ÷ static: {r['tokens_per_s']:.2f}x tokens/s, {r['tokens_per_cpu_s']:.2f}x tokens per CPU-second "
-        f"(target >= {TARGET_SPEEDUP:g}x tokens/s: {verdict}); static takes {1 / r['steps']:.2f}x the steps, "
-        "the gain if a step cost the same at any batch size (as on a GPU)"
-    )
-
-
-def save_throughput_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path = Path(figures_dir) / "05_throughput.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = plot_throughput(rows)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def plot_throughput(rows: list[dict]) -> Figure:
-    """Two panels, one bar per system: output tokens per second, and normalized latency (ms per output token)."""
-    from pagedlab import viz
-
-    colours = {
-        "static": viz.RESERVED,
-        "continuous": viz.USED,
-        "continuous-recompute": viz.PREFILL,
-        "continuous-swap": viz.CACHED,
-        HF_SYSTEM: viz.FREE,
-    }
-    names = [r["system"] for r in rows]
-    bar_colours = [colours.get(n, viz.SHARED) for n in names]
-    fig, (tps_ax, lat_ax) = viz.plt.subplots(1, 2, figsize=(11, 4.2))
-    panels = (
-        (tps_ax, "tokens_per_s", 1, "{:.0f}", "output tokens / s"),
-        (lat_ax, "normalized_latency_s", 1000, "{:.1f}", "ms / output token"),
-    )
-    for ax, key, unit, fmt, label in panels:
-        values = [unit * r[key] for r in rows]
-        ax.bar(names, values, color=bar_colours, edgecolor="black", linewidth=0.5)
-        for x, v in enumerate(values):
-            ax.text(x, v, fmt.format(v), ha="center", va="bottom", fontsize=8)
-        ax.set_ylabel(label)
-        ax.tick_params(axis="x", labelrotation=20)
-    tps_ax.set_title("throughput (higher is better)")
-    lat_ax.set_title("normalized latency (lower is better)")
-    r0 = rows[0]
-    fig.suptitle(
-        f"{r0['workload']}-like stream x {r0['length_scale']:g}, {r0['num_requests']} requests at t=0, "
-        f"max_num_seqs {r0['max_num_seqs']}, bundled model on CPU ({r0['torch_threads']} thread)"
-    )
-    fig.tight_layout()
-    return fig

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pagedlab.outputs import BeamSearchSequence, beam_score
 from pagedlab.request import Request, RequestStatus
-from pagedlab.sampling_params import BeamSearchParams
+from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 
 
 @dataclass
@@ -42,6 +42,23 @@ class BeamGroup:
 
     def __post_init__(self):
         self.num_prompt_tokens = self.live[0].num_prompt_tokens
+
+    @classmethod
+    def start(cls, request_id, token_ids, params, max_steps, eos_token_ids, arrival, prompt) -> BeamGroup:
+        """A new search: one beam holding the prompt, asking for 2 * beam_width candidates each step."""
+        k = 2 * params.beam_width
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_steps, ignore_eos=True, logprobs=k)
+        first = Request(
+            f"{request_id}-beam0",
+            token_ids,
+            sampling,
+            max_steps,
+            eos_token_ids,
+            arrival,
+            parent_id=request_id,
+            prompt=prompt,
+        )
+        return cls(request_id, params, [first], max_steps)
 
     @property
     def width(self) -> int:

@@ -1,0 +1,165 @@
+"""Stage 1: `pagedlab figures`, every figure of figures/ regenerated from a seeded run of the bundled model.
+
+Builds on: figures/common.py (DPI, TracedRun, the savers) and one module per stage, figures/stage1.py to
+figures/stage5.py (each stage's workload, runs and figures), drawn by viz/ and graphs.py.
+Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md, chapters/03-copy-on-write.md,
+chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
+
+Figures are never drawn by hand (DESIGN §1). Each figure is one function
+`(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
+workload is greedy, so the same code gives the same pictures on every machine.
+Every name of the stage modules is importable from here (`from pagedlab.figures import STAGE2_POOL`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pagedlab.figures.common import DPI, TracedRun, _save, _save_graph
+from pagedlab.figures.stage1 import (
+    STAGE1_MAX_TOKENS,
+    STAGE1_PROMPTS,
+    fig_01_batch_timeline,
+    fig_01_kv_over_steps,
+    fig_01_reserved_vs_used,
+    stage1_run,
+    stage1_workload,
+)
+from pagedlab.figures.stage2 import (
+    STAGE2_MAX_TOKENS,
+    STAGE2_POOL,
+    STAGE2_PROMPTS,
+    fig_02_block_tables,
+    fig_02_pool_occupancy,
+    pool_comparison_run,
+    stage2_block_table_run,
+    stage2_workload,
+)
+from pagedlab.figures.stage3 import (
+    BEAM_PARAMS,
+    BEAM_PROMPT,
+    BEAM_STEPS,
+    COW_BLOCK_SIZE,
+    COW_PARENT_TOKENS,
+    _before_after,
+    _blocks_in_order,
+    _graph_image,
+    _sharing_image,
+    beam_tree_tables,
+    cow_before_after,
+    fig_03_beam_tree,
+    fig_03_cow_before_after,
+)
+from pagedlab.figures.stage4 import (
+    STAGE4_POOL,
+    STAGE4_PREFIX,
+    STAGE4_PROMPTS,
+    STAGE4_STEPS,
+    CacheRun,
+    _decode_showing_bos,
+    fig_04_block_tables_hits,
+    fig_04_hash_chain,
+    stage4_cache_run,
+)
+from pagedlab.figures.stage5 import (
+    STAGE5_MAX_TOKENS,
+    STAGE5_POOL,
+    STAGE5_PROMPTS,
+    STAGE5_SWAP_BLOCKS,
+    STAGE5_SWAP_STEP,
+    STATIC_VS_CONTINUOUS_POOL,
+    ScheduleRun,
+    batching_run,
+    fig_05_gantt,
+    fig_05_static_vs_continuous,
+    fig_05_swap_block_tables,
+    fig_05_tokens_per_step,
+    stage5_run,
+    stage5_workload,
+    swap_tables_run,
+)
+
+FIGURES = [
+    fig_01_reserved_vs_used,
+    fig_01_kv_over_steps,
+    fig_01_batch_timeline,
+    fig_02_block_tables,
+    fig_02_pool_occupancy,
+    fig_03_cow_before_after,
+    fig_03_beam_tree,
+    fig_04_hash_chain,
+    fig_04_block_tables_hits,
+    fig_05_gantt,
+    fig_05_tokens_per_step,
+    fig_05_swap_block_tables,
+    fig_05_static_vs_continuous,
+]
+
+
+def make_figures(out_dir: str | Path = "figures") -> list[Path]:
+    """Write every figure in FIGURES to out_dir; returns their paths in order."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [make(out) for make in FIGURES]
+
+
+__all__ = [
+    "BEAM_PARAMS",
+    "BEAM_PROMPT",
+    "BEAM_STEPS",
+    "COW_BLOCK_SIZE",
+    "COW_PARENT_TOKENS",
+    "DPI",
+    "FIGURES",
+    "STAGE1_MAX_TOKENS",
+    "STAGE1_PROMPTS",
+    "STAGE2_MAX_TOKENS",
+    "STAGE2_POOL",
+    "STAGE2_PROMPTS",
+    "STAGE4_POOL",
+    "STAGE4_PREFIX",
+    "STAGE4_PROMPTS",
+    "STAGE4_STEPS",
+    "STAGE5_MAX_TOKENS",
+    "STAGE5_POOL",
+    "STAGE5_PROMPTS",
+    "STAGE5_SWAP_BLOCKS",
+    "STAGE5_SWAP_STEP",
+    "STATIC_VS_CONTINUOUS_POOL",
+    "CacheRun",
+    "ScheduleRun",
+    "TracedRun",
+    "_before_after",
+    "_blocks_in_order",
+    "_decode_showing_bos",
+    "_graph_image",
+    "_save",
+    "_save_graph",
+    "_sharing_image",
+    "batching_run",
+    "beam_tree_tables",
+    "cow_before_after",
+    "fig_01_batch_timeline",
+    "fig_01_kv_over_steps",
+    "fig_01_reserved_vs_used",
+    "fig_02_block_tables",
+    "fig_02_pool_occupancy",
+    "fig_03_beam_tree",
+    "fig_03_cow_before_after",
+    "fig_04_block_tables_hits",
+    "fig_04_hash_chain",
+    "fig_05_gantt",
+    "fig_05_static_vs_continuous",
+    "fig_05_swap_block_tables",
+    "fig_05_tokens_per_step",
+    "make_figures",
+    "pool_comparison_run",
+    "stage1_run",
+    "stage1_workload",
+    "stage2_block_table_run",
+    "stage2_workload",
+    "stage4_cache_run",
+    "stage5_run",
+    "stage5_workload",
+    "swap_tables_run",
+]

@@ -1,0 +1,40 @@
+"""Stage 1: what every figure module shares: the resolution, a traced run's record and the savers.
+
+Builds on: stats.py (StepTrace).
+Read with: chapters/01-contiguous-static.md.
+
+One DPI for matplotlib and graphviz alike, so that the PNGs of figures/ sit side by side at one scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from pagedlab.stats import StepTrace
+
+DPI = 120
+
+
+@dataclass(frozen=True)
+class TracedRun:
+    """What a figure needs from one engine run."""
+
+    trace: list[StepTrace]  # llm.engine.trace
+    num_kv_blocks: int  # pool capacity in blocks
+    block_size: int  # tokens per block
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _save_graph(graph, path: Path) -> Path:
+    """A graphviz drawing rendered by `dot` at DPI, written to `path` as a PNG."""
+    graph.graph_attr["dpi"] = str(DPI)
+    path.write_bytes(graph.pipe(format="png"))
+    return path
