@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams, load_model, oracle
 from pagedlab.outputs import beam_score
@@ -102,3 +104,61 @@ def test_beam_width_must_fit_max_num_seqs():
     llm = LLM(stage=3, max_num_seqs=2)
     with pytest.raises(ValueError, match="exceed max_num_seqs"):
         llm.beam_search(["ROMEO:"], BeamSearchParams(beam_width=4, max_tokens=4))
+
+
+def test_static_admission_counts_a_groups_shared_prompt_blocks_once():
+    """Two n=3 requests of 7 prompt tokens, blocks of 4, 16 blocks: each group's worst case is the
+    prompt's full block once plus 2 blocks per child, 7 blocks (not 3 x 3 = 9), so both run at once."""
+    llm = LLM(stage=3, block_size=4, num_kv_blocks=16, max_num_seqs=8, debug_checks=True)
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+    engine = llm.engine
+    for rid in ("A", "B"):
+        engine.add_request(rid, "ROMEO:", params)
+    assert engine.kv_manager.worst_case_blocks(engine.scheduler.waiting) == 2 * (1 + 3 * 2)
+    engine.step()
+    assert sorted(r.request_id for r in engine.scheduler.running) == ["0_A", "0_B", "1_A", "1_B", "2_A", "2_B"]
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs |= {o.request_id: o for o in engine.step() if o.finished}
+    alone = LLM(stage=3, block_size=4, max_num_seqs=8).generate("ROMEO:", params)[0]
+    assert [c.token_ids for c in outs["A"].outputs] == [c.token_ids for c in alone.outputs]
+    assert engine.kv_manager.num_used_blocks == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_static_admission_with_shared_prompts_never_runs_out(tiny_model_dir, data):
+    """Random n > 1 groups and beam searches on pools barely large enough: admission by the shared
+    worst case must never leave a running request without a block (the scheduler asserts it)."""
+    block_size = data.draw(st.sampled_from([1, 2, 4]), label="block_size")
+    groups = data.draw(
+        st.lists(
+            st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers(1, 3), st.booleans()),
+            min_size=1,
+            max_size=5,
+        ),
+        label="groups (prompt_len, max_tokens, n or width, beam)",
+    )
+    worst = max(width * -(-(p + m - 1) // block_size) for p, m, width, _ in groups)
+    llm = LLM(
+        model=str(tiny_model_dir),
+        stage=data.draw(st.sampled_from([3, 4]), label="stage"),
+        block_size=block_size,
+        num_kv_blocks=worst + data.draw(st.integers(0, 3), label="spare blocks"),
+        max_num_seqs=8,
+        debug_checks=True,
+    )
+    engine = llm.engine
+    for i, (prompt_len, max_tokens, width, beam) in enumerate(groups):
+        prompt = [3 + (i + j) % 20 for j in range(prompt_len)]
+        if beam:
+            engine.add_beam_request(f"r{i}", prompt, BeamSearchParams(beam_width=width, max_tokens=max_tokens))
+        else:
+            params = SamplingParams(n=width, temperature=1.0, seed=i, max_tokens=max_tokens, ignore_eos=True)
+            engine.add_request(f"r{i}", prompt, params)
+    for _ in range(500):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_manager.num_used_blocks == 0

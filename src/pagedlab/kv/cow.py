@@ -71,6 +71,23 @@ class CowKVCacheManager(PagedKVCacheManager):
         self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in mine]
         super().free(request)
 
+    def worst_case_blocks(self, requests: list[Request]) -> int:
+        """The children of one request (or the beams of one search) share their prompt's full blocks.
+
+        The leader computes prompt[:-1] once and every child forks from it, so the (p - 1) // block_size
+        full blocks stay shared for good; everything after them (the partly filled block, copied on
+        write, and the outputs) may become private to each child. A group of k costs
+        shared + k * (max_blocks - shared) blocks at most, not k * max_blocks.
+        """
+        groups: dict[str, list[Request]] = {}
+        for r in requests:  # a beam search's worst case lists its first beam beam_width times
+            groups.setdefault(r.group_id, []).append(r)
+        total = 0
+        for members in groups.values():
+            shared = (members[0].num_prompt_tokens - 1) // self.block_size if len(members) > 1 else 0
+            total += shared + sum(self.max_blocks(r) - shared for r in members)
+        return total
+
     def take_block_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

@@ -86,12 +86,22 @@ class PagedKVCacheManager:
         """Worst case: every token but the last sampled one gets K/V (the last is never fed back)."""
         return cdiv(request.max_num_tokens - 1, self.block_size)
 
+    def worst_case_blocks(self, requests: list[Request]) -> int:
+        """The most blocks `requests` can hold at once (stage 2: each its own worst case; stage 3 shares)."""
+        return sum(self.max_blocks(r) for r in requests)
+
+    def promised_blocks(self, running: list[Request]) -> int:
+        """Blocks the running requests may still claim: their worst case minus the blocks they hold."""
+        held = {b.block_id for r in running for b in self.req_to_blocks.get(r.request_id, ())}
+        return self.worst_case_blocks(running) - len(held)
+
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
         """Static admission: the group's worst case fits in what the running requests may still claim."""
-        promised = sum(self.max_blocks(r) - len(self.req_to_blocks.get(r.request_id, ())) for r in running)
-        return sum(self.max_blocks(r) for r in group) <= self.pool.num_free - promised
+        return self.worst_case_blocks(group) <= self.pool.num_free - self.promised_blocks(running)
 
     def can_ever_admit(self, group: list[Request]) -> bool:
+        """Even an empty pool could not hold it: each request's own worst case, sharing not counted (a
+        group preempted by recompute at stage 5 may rebuild its children's prompts one by one)."""
         return sum(self.max_blocks(r) for r in group) <= self.num_kv_blocks
 
     def get_block_ids(self, request: Request) -> list[int]:

@@ -161,11 +161,10 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
         """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue."""
-        promised = sum(self.max_blocks(r) - len(self.req_to_blocks.get(r.request_id, ())) for r in running)
         hits = {id(b): b for r in group for b in self.get_computed_blocks(r)}
-        need = sum(self.max_blocks(r) for r in group) - len(hits)
+        need = self.worst_case_blocks(group) - len(hits)
         revived = sum(1 for b in hits.values() if b.ref_cnt == 0)
-        return need + revived <= self.pool.num_free - promised
+        return need + revived <= self.pool.num_free - self.promised_blocks(running)
 
     def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int) -> int:
         """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives."""

@@ -14,7 +14,8 @@ its own first output token with its own seed:
 
 Beam search (as vLLM v0 ran it, on top of fork / CoW) is delegated to
 `BeamGroup` in sched/beam.py; this scheduler routes each step's logprobs to it
-and admits the group by its worst case, beam_width full requests.
+and admits the group by its worst case, beam_width requests sharing the
+prompt's full blocks (`CowKVCacheManager.worst_case_blocks`).
 """
 
 from __future__ import annotations
