@@ -224,14 +224,9 @@ def run_memory(
 
 
 def save_memory_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    import matplotlib.pyplot as plt
+    from pagedlab import viz
 
-    path = Path(figures_dir) / "02_memory.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = plot_memory(rows)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return viz.save_figure(plot_memory(rows), Path(figures_dir) / "02_memory.png")
 
 
 def memory_table(rows: list[dict]) -> Table:

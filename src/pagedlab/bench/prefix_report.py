@@ -80,14 +80,9 @@ def gains_table(rows: list[dict]) -> Table:
 
 
 def save_prefix_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    import matplotlib.pyplot as plt
+    from pagedlab import viz
 
-    path = Path(figures_dir) / "04_prefix.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = plot_prefix(rows)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return viz.save_figure(plot_prefix(rows), Path(figures_dir) / "04_prefix.png")
 
 
 def plot_prefix(rows: list[dict]) -> Figure:

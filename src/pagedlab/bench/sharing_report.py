@@ -51,14 +51,9 @@ def _caption(rows: list[dict]) -> str:
 
 
 def save_sharing_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    import matplotlib.pyplot as plt
+    from pagedlab import viz
 
-    path = Path(figures_dir) / "03_sharing.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = plot_sharing(rows)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return viz.save_figure(plot_sharing(rows), Path(figures_dir) / "03_sharing.png")
 
 
 def plot_sharing(rows: list[dict]) -> Figure:

@@ -114,14 +114,9 @@ def target_line(rows: list[dict]) -> str:
 
 
 def save_throughput_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    import matplotlib.pyplot as plt
+    from pagedlab import viz
 
-    path = Path(figures_dir) / "05_throughput.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = plot_throughput(rows)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return viz.save_figure(plot_throughput(rows), Path(figures_dir) / "05_throughput.png")
 
 
 def plot_throughput(rows: list[dict]) -> Figure:

@@ -26,6 +26,11 @@ class TracedRun:
     num_kv_blocks: int  # pool capacity in blocks
     block_size: int  # tokens per block
 
+    @classmethod
+    def of(cls, llm) -> TracedRun:
+        """What an LLM built with record_trace=True recorded, and its pool."""
+        return cls(llm.engine.trace, llm.engine.config.num_kv_blocks, llm.engine.config.block_size)
+
 
 def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)

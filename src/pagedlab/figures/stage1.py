@@ -41,7 +41,7 @@ def stage1_run() -> TracedRun:
     """Stage 1 (contiguous KV + static batching) on the stage-1 workload; run once per process."""
     llm = LLM(stage=1, max_num_seqs=4, block_size=16, record_trace=True)
     llm.generate(*stage1_workload(), use_tqdm=False)
-    return TracedRun(llm.engine.trace, llm.engine.config.num_kv_blocks, llm.engine.config.block_size)
+    return TracedRun.of(llm)
 
 
 def fig_01_reserved_vs_used(out_dir: Path) -> Path:

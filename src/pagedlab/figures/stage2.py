@@ -43,7 +43,7 @@ def stage2_block_table_run() -> TracedRun:
     """The stage-1 workload at stage 2 in a pool of 40 blocks of 8: the second batch reuses freed blocks."""
     llm = LLM(stage=2, max_num_seqs=4, block_size=8, num_kv_blocks=40, record_trace=True)
     llm.generate(*stage1_workload(), use_tqdm=False)
-    return TracedRun(llm.engine.trace, llm.engine.config.num_kv_blocks, llm.engine.config.block_size)
+    return TracedRun.of(llm)
 
 
 @functools.cache
@@ -51,7 +51,7 @@ def pool_comparison_run(stage: int) -> TracedRun:
     """The 16-speaker workload at `stage` with STAGE2_POOL: the same prompts and the same KV memory."""
     llm = LLM(stage=stage, record_trace=True, **STAGE2_POOL)
     llm.generate(*stage2_workload(), use_tqdm=False)
-    return TracedRun(llm.engine.trace, llm.engine.config.num_kv_blocks, llm.engine.config.block_size)
+    return TracedRun.of(llm)
 
 
 def fig_02_block_tables(out_dir: Path) -> Path:

@@ -119,7 +119,7 @@ def batching_run(stage: int) -> TracedRun:
     """The stage-1 workload at `stage` (4: static, 5: continuous) with STATIC_VS_CONTINUOUS_POOL."""
     llm = LLM(stage=stage, record_trace=True, **STATIC_VS_CONTINUOUS_POOL)
     llm.generate(*stage1_workload(), use_tqdm=False)
-    return TracedRun(llm.engine.trace, llm.engine.config.num_kv_blocks, llm.engine.config.block_size)
+    return TracedRun.of(llm)
 
 
 def fig_05_static_vs_continuous(out_dir: Path) -> Path:

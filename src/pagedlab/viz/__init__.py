@@ -67,6 +67,7 @@ from pagedlab.viz.palette import (  # noqa: F401
     _use_agg_without_display,
     request_colour,
     request_order,
+    save_figure,
 )
 from pagedlab.viz.schedule import (  # noqa: F401
     _SCHEDULE_COLOURS,
@@ -112,6 +113,7 @@ __all__ = [
     "request_colour",
     "request_order",
     "samples_in",
+    "save_figure",
     "schedule_states",
     "swapped_block_ids",
     "tokens_per_step",

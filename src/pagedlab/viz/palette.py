@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import matplotlib
 from matplotlib.colors import to_rgba
@@ -34,6 +35,18 @@ def _use_agg_without_display() -> None:
 
 
 _use_agg_without_display()
+
+
+def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Write a matplotlib figure as a PNG (its folder made if needed, margins trimmed) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
 
 # Slot and block states (Okabe-Ito colours: distinguishable with the common colour-vision deficiencies).
 FREE = "#dddddd"
