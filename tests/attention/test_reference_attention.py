@@ -17,6 +17,8 @@ from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.attention.paged import PagedAttention
 from tests.attention.test_triton_kernels import TOL, D, paged_case, reference
 
+pytestmark = pytest.mark.stage2  # the paged reference; the stage-1 regions test is marked stage1 too
+
 
 def metadata(backend, table, seq_lens, q_lens, block_size) -> AttentionMetadata:
     """One step's metadata, as the runner builds it: q_lens new tokens end each request's seq_lens."""
@@ -83,6 +85,7 @@ def test_the_plan_is_made_once_per_step_and_reused_by_every_layer():
     assert meta.decode_plan is plan
 
 
+@pytest.mark.stage1
 def test_contiguous_regions_read_only_their_own_slots():
     """Stage 1: a context is region_start + 0 .. seq_len - 1. Regions ending mid-tile, at a tile's
     edge and at the cache's last slot; the slots after each region hold other data, never read."""
