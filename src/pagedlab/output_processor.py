@@ -65,12 +65,12 @@ class OutputProcessor:
 
     def _detokenizer(self, r: Request) -> IncrementalDetokenizer:
         if r.request_id not in self.detokenizers:
-            self.detokenizers[r.request_id] = self.tokenizer.detokenizer()
+            self.detokenizers[r.request_id] = self.tokenizer.detokenizer(skip=r.num_prompt_tokens)
         return self.detokenizers[r.request_id]
 
     def _text(self, r: Request) -> str:
         """r's output text, decoding only the tokens that arrived since it was last asked for."""
-        return self._detokenizer(r).update(r.output_token_ids, finished=r.status.is_finished())
+        return self._detokenizer(r).update(r.all_token_ids, finished=r.status.is_finished())
 
     def _output(self, group_id: str) -> RequestOutput:
         children = self.groups[group_id]
@@ -97,7 +97,7 @@ class OutputProcessor:
             index=r.child_index,
             text=text,
             token_ids=r.output_token_ids,
-            cumulative_logprob=sum(r.output_logprobs),
+            cumulative_logprob=r.cumulative_logprob,
             logprobs=list(r.top_logprobs) if r.sampling_params.logprobs is not None else None,
             finish_reason=r.status.finish_reason,
         )

@@ -63,6 +63,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     all_token_ids: list[int] = field(default_factory=list)  # prompt + output, appended as tokens arrive
     output_logprobs: list[float] = field(default_factory=list)  # logprob of each output token
+    cumulative_logprob: float = 0.0  # sum(output_logprobs), kept as tokens arrive
     top_logprobs: list[dict[int, float]] = field(default_factory=list)  # when sampling_params.logprobs is set
     block_hashes: list = field(default_factory=list)  # stage 4: chained hash of each full block, as tokens arrive
     first_token_time: float | None = None  # when the first output token was sampled
@@ -127,3 +128,4 @@ class Request:
     def append_output_token(self, token_id: int, logprob: float) -> None:
         self.all_token_ids.append(token_id)
         self.output_logprobs.append(logprob)
+        self.cumulative_logprob += logprob

@@ -75,3 +75,11 @@ def test_random_outputs_equal_a_whole_decode(byte_level, bundled, data):
     tokenizer = data.draw(st.sampled_from([byte_level, bundled]))
     ids = data.draw(st.lists(st.integers(0, tokenizer.vocab_size - 1), min_size=1, max_size=40))
     check(tokenizer, ids)
+
+
+def test_a_prompt_before_the_output_is_skipped(bundled):
+    prompt, output = bundled.encode("ROMEO:"), bundled.encode("But soft!")[1:]  # no second <bos>
+    detok = bundled.detokenizer(skip=len(prompt))
+    assert detok.update(prompt) == ""
+    assert detok.update(prompt + output[:3]) == bundled.decode(output[:3])
+    assert detok.update(prompt + output, finished=True) == bundled.decode(output) == "But soft!"

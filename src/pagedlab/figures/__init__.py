@@ -8,14 +8,14 @@ chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
 Figures are never drawn by hand (DESIGN §1). Each figure is one function
 `(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
 workload is greedy, so the same code gives the same pictures on every machine.
-Every name of the stage modules is importable from here (`from pagedlab.figures import STAGE2_POOL`).
+Every public name of the stage modules is importable from here (`from pagedlab.figures import STAGE2_POOL`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pagedlab.figures.common import DPI, TracedRun, _save, _save_graph
+from pagedlab.figures.common import DPI, TracedRun
 from pagedlab.figures.stage1 import (
     STAGE1_MAX_TOKENS,
     STAGE1_PROMPTS,
@@ -41,10 +41,6 @@ from pagedlab.figures.stage3 import (
     BEAM_STEPS,
     COW_BLOCK_SIZE,
     COW_PARENT_TOKENS,
-    _before_after,
-    _blocks_in_order,
-    _graph_image,
-    _sharing_image,
     beam_tree_tables,
     cow_before_after,
     fig_03_beam_tree,
@@ -56,7 +52,6 @@ from pagedlab.figures.stage4 import (
     STAGE4_PROMPTS,
     STAGE4_STEPS,
     CacheRun,
-    _decode_showing_bos,
     fig_04_block_tables_hits,
     fig_04_hash_chain,
     stage4_cache_run,
@@ -129,13 +124,6 @@ __all__ = [
     "CacheRun",
     "ScheduleRun",
     "TracedRun",
-    "_before_after",
-    "_blocks_in_order",
-    "_decode_showing_bos",
-    "_graph_image",
-    "_save",
-    "_save_graph",
-    "_sharing_image",
     "batching_run",
     "beam_tree_tables",
     "cow_before_after",

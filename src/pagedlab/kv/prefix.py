@@ -103,13 +103,15 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         self.num_cached_blocks: dict[str, int] = {}  # request_id -> leading blocks already registered
 
     @classmethod
-    def from_config(cls, config) -> PrefixCachingKVCacheManager:
+    def from_config(cls, config, **extra) -> PrefixCachingKVCacheManager:
+        """`extra`: a subclass's own arguments (stage 5 adds its swap pool)."""
         return cls(
             config.num_kv_blocks,
             config.block_size,
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
             hash_seed=config.seed,
+            **extra,
         )
 
     # BEGIN SOLUTION

@@ -66,15 +66,8 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         self.swap_pool = SwapPool(num_swap_blocks)
 
     @classmethod
-    def from_config(cls, config) -> SwappingKVCacheManager:
-        return cls(
-            config.num_kv_blocks,
-            config.block_size,
-            config.max_model_len,
-            num_swap_blocks=config.num_swap_blocks,
-            enable_caching=config.enable_prefix_caching,
-            hash_seed=config.seed,
-        )
+    def from_config(cls, config, **extra) -> SwappingKVCacheManager:
+        return super().from_config(config, num_swap_blocks=config.num_swap_blocks, **extra)
 
     def is_swapped(self, request: Request) -> bool:
         return request.request_id in self.swap_pool.held

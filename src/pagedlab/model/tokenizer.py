@@ -41,9 +41,9 @@ class Tokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self._hf.decode(list(token_ids), skip_special_tokens=True)
 
-    def detokenizer(self) -> IncrementalDetokenizer:
-        """A fresh incremental detokenizer for one request's output."""
-        return IncrementalDetokenizer(self._hf)
+    def detokenizer(self, skip: int = 0) -> IncrementalDetokenizer:
+        """A fresh incremental detokenizer for one request's output: the tokens after the first `skip`."""
+        return IncrementalDetokenizer(self._hf, skip)
 
     def token_to_id(self, token: str) -> int | None:
         return self._hf.token_to_id(token)
@@ -61,15 +61,16 @@ class IncrementalDetokenizer:
     while it ends in the middle of a multi-byte character.
     """
 
-    def __init__(self, hf: _HFTokenizer):
+    def __init__(self, hf: _HFTokenizer, skip: int = 0):
         self._hf = hf
         self._stream = DecodeStream(skip_special_tokens=True)
-        self.num_tokens = 0  # output tokens decoded so far
-        self.text = ""  # their text
+        self.skip = skip  # leading tokens that are not output (the prompt)
+        self.num_seen = skip  # tokens of the list decoded (or skipped) so far
+        self.text = ""  # the output's text so far
         self.finished = False  # the text is final
 
-    def update(self, output_token_ids: list[int], finished: bool = False) -> str:
-        """Decode the tokens appended since the last call; return the whole text so far.
+    def update(self, token_ids: list[int], finished: bool = False) -> str:
+        """Decode the tokens appended to `token_ids` since the last call; return the whole text so far.
 
         A token that ends inside a character is held back until the character is whole. When the
         request has finished nothing more will come, so the text becomes the whole output decoded at
@@ -77,11 +78,12 @@ class IncrementalDetokenizer:
         """
         if self.finished:
             return self.text
-        for token_id in output_token_ids[self.num_tokens :]:
-            self.text += self._stream.step(self._hf, token_id) or ""
-        self.num_tokens = len(output_token_ids)
+        for i in range(self.num_seen, len(token_ids)):  # no slice: a step touches only its new tokens
+            self.text += self._stream.step(self._hf, token_ids[i]) or ""
+        self.num_seen = len(token_ids)
         if finished:
-            self.text, self.finished = self._hf.decode(output_token_ids, skip_special_tokens=True), True
+            self.text = self._hf.decode(token_ids[self.skip :], skip_special_tokens=True)
+            self.finished = True
         return self.text
 
 

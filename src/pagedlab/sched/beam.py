@@ -118,6 +118,7 @@ class BeamGroup:
             num_computed_tokens=beam.num_computed_tokens,
             all_token_ids=list(beam.all_token_ids),
             output_logprobs=list(beam.output_logprobs),
+            cumulative_logprob=beam.cumulative_logprob,
         )
         self.num_beams_made += 1
         return child

@@ -6,7 +6,7 @@ Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (block 
 chapters/04-prefix-caching.md (cache hits and cached-but-free blocks),
 chapters/05-continuous-batching.md (schedules, tokens per step, preemption, the CPU swap pool).
 
-Use it as `from pagedlab import viz; viz.plot_block_tables(...)`: every name of the modules below is here.
+Use it as `from pagedlab import viz; viz.plot_block_tables(...)`: every public name of the modules below is here.
 One palette (viz/palette.py) gives each block state one colour in every chapter: FREE, USED, RESERVED,
 SHARED (ref_cnt > 1), CACHED (free, keeps its hash). The functions only read the trace (and
 `cached_block_ids`, a stage-4 pool; `swapped_block_ids`, a stage-5 KV manager): they work for every stage
@@ -15,32 +15,13 @@ that records one.
 
 import matplotlib.pyplot as plt  # noqa: F401  (viz.plt: the bench figures draw with it)
 
-# Every name of the modules, private helpers too, stays importable from here as when viz was one file;
-# __all__ lists the public ones.
-from pagedlab.viz.blocks import (  # noqa: F401
-    _arrow,
-    _bare,
-    _block_cell,
-    _block_legend,
-    _draw_arrows,
-    _draw_pool,
-    _draw_swap_pool,
-    _draw_tables,
-    _id_ranges,
-    _mark_hits,
-    _outline,
-    _slots_in_blocks,
-    _tables_and_pool_axes,
-    _title_and_legend,
+from pagedlab.viz.blocks import (
     cached_block_ids,
     plot_block_tables,
     prefix_hit_blocks,
     swapped_block_ids,
 )
-from pagedlab.viz.kv import (  # noqa: F401
-    _STATE_COLOURS,
-    _request_states,
-    _stack_blocks_held,
+from pagedlab.viz.kv import (
     peak_slots,
     plot_batch_timeline,
     plot_kv_over_steps,
@@ -49,8 +30,7 @@ from pagedlab.viz.kv import (  # noqa: F401
     plot_reserved_vs_used,
     used_share,
 )
-from pagedlab.viz.palette import (  # noqa: F401
-    _REQUEST_COLOURS,
+from pagedlab.viz.palette import (
     CACHED,
     DECODE,
     FINISHED,
@@ -62,20 +42,11 @@ from pagedlab.viz.palette import (  # noqa: F401
     SWAPPED,
     USED,
     WAITING,
-    _spans,
-    _text_colour,
-    _use_agg_without_display,
     request_colour,
     request_order,
     save_figure,
 )
-from pagedlab.viz.schedule import (  # noqa: F401
-    _SCHEDULE_COLOURS,
-    _STATE_LABELS,
-    _draw_schedule_rows,
-    _mark_swapped,
-    _schedule_legend,
-    _schedule_states_of,
+from pagedlab.viz.schedule import (
     plot_schedule_gantt,
     plot_tokens_per_step,
     preemption_events,
