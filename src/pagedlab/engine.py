@@ -38,14 +38,15 @@ class LLMEngine:
         self.config, self.model_config, self.tokenizer = config, mc, loaded.tokenizer
         self.kv_manager = preset.kv_manager.from_config(config)
         self.scheduler = preset.scheduler(config, self.kv_manager)
-        cache_shape = (
+        kv_cache = allocate_kv_cache(
             mc.num_hidden_layers,
             config.num_kv_blocks,
             config.block_size,
             mc.num_key_value_heads,
             mc.head_dim,
+            loaded.model.lm_head.weight.dtype,
+            config.device,
         )
-        kv_cache = allocate_kv_cache(*cache_shape, loaded.model.lm_head.weight.dtype, config.device)
         attention = make_attention(config, preset, kv_cache, mc.num_queries_per_kv, mc.head_dim)
         self.runner = ModelRunner(config, loaded.model, attention)
         self.output_processor = OutputProcessor(loaded.tokenizer)
