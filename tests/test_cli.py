@@ -33,9 +33,19 @@ def test_generate_n_prints_every_completion(capsys):
     assert f"=== stage {TOP}: 16 tokens" in out
 
 
-def test_bad_model_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(SystemExit, match="neither 'tiny-shakespeare' nor a folder"):
-        main(["generate", "--model", str(tmp_path / "missing")])
+def cli_error(capsys, *argv: str) -> str:
+    """Run `pagedlab argv...`, a user's mistake: exit status 2 and one line on stderr, no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err
+    return captured.err
+
+
+def test_bad_model_folder_is_a_clear_error(tmp_path, capsys):
+    err = cli_error(capsys, "generate", "--model", str(tmp_path / "missing"))
+    assert "neither 'tiny-shakespeare' nor a folder" in err
 
 
 def test_demo_without_live_view_logs_each_step_then_the_summary(capsys):
@@ -76,6 +86,23 @@ def test_describe_prints_the_wiring_of_a_stage(capsys):
     assert run_cli(capsys, "describe", "--stage", "contiguous") == out
 
 
-def test_describe_an_unknown_stage_names_it():
-    with pytest.raises(SystemExit, match=r"pagedlab describe: stage: unknown stage 9"):
-        main(["describe", "--stage", "9"])
+def test_describe_an_unknown_stage_names_it(capsys):
+    assert cli_error(capsys, "describe", "--stage", "9").startswith("pagedlab describe: stage: unknown stage 9")
+
+
+@pytest.mark.parametrize(
+    "argv, start",
+    [
+        (["generate", "ROMEO:", "--max-tokens", "0"], "pagedlab generate: SamplingParams.max_tokens"),
+        (["generate", "ROMEO:", "--temperature", "nan"], "pagedlab generate: SamplingParams.temperature"),
+        (["generate", "ROMEO:", "--stage", "9"], "pagedlab generate: stage: unknown stage 9"),
+        (["generate", "", "--max-tokens", "4"], "pagedlab generate: prompt: empty prompt"),
+        (["demo", "--no-live", "--num-kv-blocks", "10000000"], "pagedlab demo: num_kv_blocks:"),
+        (["demo", "--no-live", "--block-size", "0"], "pagedlab demo: block_size:"),
+        (["bench", "speed"], "pagedlab bench: unknown bench 'speed'"),
+        (["assignment", "grade", "/no/such/workspace"], "pagedlab assignment:"),
+    ],
+    ids=["max-tokens", "temperature", "stage", "empty-prompt", "pool", "block-size", "bench", "grade"],
+)
+def test_a_users_mistake_is_one_line_and_exit_status_2(capsys, argv, start):
+    assert cli_error(capsys, *argv).startswith(start)

@@ -25,7 +25,7 @@ def test_stop_string_becomes_list():
         ({"top_k": -2}, "top_k"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"seed": -1}, "seed"),
-        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": -2}, "logprobs"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-3]}, "stop_token_ids"),
         ({"n": True}, "n"),

@@ -193,8 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """A user's mistake is one line on stderr and exit status 2 (as argparse's own errors), never a traceback."""
     args = build_parser().parse_args(argv)
     try:
-        sys.exit(args.func(args))
+        code = args.func(args)
     except ValueError as e:
-        sys.exit(f"pagedlab {args.command}: {e}")
+        print(f"pagedlab {args.command}: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print(f"pagedlab {args.command}: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

@@ -12,6 +12,7 @@ misunderstood something, and silence would hide it.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, fields
 
 STAGE_NAMES = {1: "contiguous", 2: "paged", 3: "cow", 4: "prefix", 5: "continuous", 6: "kernel"}
@@ -26,6 +27,7 @@ FIELD_STAGE = {
 }
 DTYPES = ("float32", "float16", "bfloat16")
 KV_MEMORY_BUDGET_BYTES = 512 * 2**20  # default KV pool size cap on any device
+_KIND_WORDS = {"int": "an integer", "bool": "True or False", "str": "a string"}  # a field's annotation -> words
 
 
 def parse_stage(stage: int | str) -> int:
@@ -60,7 +62,9 @@ class EngineConfig:
     device: str = "cpu"  # torch device of the model and the KV cache
     dtype: str = "float32"  # model and KV cache dtype
     seed: int = 0  # seeds sampling for requests without a seed of their own
+    max_logprobs: int = 20  # most top logprobs a request may ask for (vLLM's default); -1 = the whole vocabulary
     record_trace: bool = False  # keep a per-step trace (who ran, tokens, KV held/used) for plots
+    max_trace_steps: int = 10_000  # the trace keeps the last this many steps (a ring: a long run stays bounded)
     debug_checks: bool = False  # check every invariant after every step (slow; for tests)
 
     @property
@@ -75,10 +79,13 @@ class EngineConfig:
     def create(cls, stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:
         """Validate user overrides against the stage and fill the defaults that depend on the model."""
         number = parse_stage(stage)
-        known = {f.name for f in fields(cls)} - {"stage"}
+        kinds = {f.name: f.type for f in fields(cls)}  # "int" | "bool" | "str" (annotations are strings here)
+        known = set(kinds) - {"stage"}
         for name, value in overrides.items():
             if name not in known:
                 raise ValueError(f"{name}: not an engine setting (known: {', '.join(sorted(known))})")
+            if value is not None:
+                _check_kind(name, value, kinds[name])
             if value is not None and FIELD_STAGE.get(name, 1) > number:
                 first = FIELD_STAGE[name]
                 raise ValueError(
@@ -95,14 +102,20 @@ class EngineConfig:
         max_len = self.max_model_len or min(model_max_len, 2048)
         if max_len > model_max_len:
             raise ValueError(f"max_model_len: {max_len} exceeds the model's max_position_embeddings ({model_max_len})")
+        if 0 < max_len < self.block_size:
+            raise ValueError(
+                f"block_size: {self.block_size} tokens per block exceed max_model_len ({max_len}), so no request can "
+                f"fill one, and one block would take {format_bytes(self.block_size * kv_bytes_per_token)} of KV"
+            )
         batched = self.max_num_batched_tokens or max(2048, max_len)
         blocks = self.num_kv_blocks or _default_num_blocks(self, max_len, kv_bytes_per_token)
         swap = self.num_swap_blocks or (blocks if self.preemption_mode == "swap" else 0)  # as big as the pool
         cfg = _replace(
             self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks, num_swap_blocks=swap
         )
-        _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks")
+        _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "max_trace_steps")
         _check_choice(cfg, "dtype", DTYPES)
+        check_device(cfg.device)
         cfg = _replace(cfg, attention_backend=_resolve_backend(cfg))
         _check_choice(cfg, "attention_backend", ("torch", "triton"))
         _check_choice(cfg, "preemption_mode", ("recompute", "swap"))
@@ -114,9 +127,39 @@ class EngineConfig:
                 f"max_num_batched_tokens: {cfg.max_num_batched_tokens} is below max_num_seqs ({cfg.max_num_seqs}); "
                 "a step of decodes alone would not fit"
             )
-        if cfg.long_prefill_token_threshold < 0 or cfg.num_swap_blocks < 0:
-            raise ValueError("long_prefill_token_threshold and num_swap_blocks must be >= 0")
+        for name, minimum in (("long_prefill_token_threshold", 0), ("num_swap_blocks", 0), ("seed", 0)):
+            if getattr(cfg, name) < minimum:
+                raise ValueError(f"{name}: must be >= {minimum}, got {getattr(cfg, name)}")
+        if cfg.max_trace_steps > sys.maxsize:  # a ring buffer's length is a machine integer
+            raise ValueError(f"max_trace_steps: must be at most {sys.maxsize}, got {cfg.max_trace_steps}")
+        if cfg.max_logprobs < -1:
+            raise ValueError(f"max_logprobs: must be >= 0, or -1 for the whole vocabulary; got {cfg.max_logprobs}")
         return cfg
+
+
+def check_device(device: str) -> None:
+    """'cpu', 'cuda', 'cuda:N' or 'mps', present on this machine; anything else is a ValueError naming the field."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device: {device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:N' or 'mps'") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device: {device!r} but this machine has no usable CUDA device; use 'cpu'")
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(
+                f"device: {device!r} but this machine has {count} CUDA device(s) (cuda:0 .. cuda:{count - 1})"
+            )
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device: {device!r} but Apple's MPS is not available here; use 'cpu'")
+    elif parsed.type != "cpu":
+        raise ValueError(f"device: {device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
 def triton_can_run(device: str) -> bool:
@@ -172,6 +215,26 @@ def _check_positive(cfg: EngineConfig, *names: str) -> None:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
 
 
+def _check_kind(name: str, value, kind: str) -> None:
+    """A field's value has its annotated type: no 3.5 for an int, no 'no' for a bool (bools are not ints here)."""
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }[kind]
+    if not ok:
+        raise ValueError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}")
+
+
 def _check_choice(cfg: EngineConfig, name: str, choices: tuple[str, ...]) -> None:
     if getattr(cfg, name) not in choices:
         raise ValueError(f"{name}: {getattr(cfg, name)!r} is not one of {choices}")
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (error messages say how much memory a size would take)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"

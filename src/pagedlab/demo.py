@@ -109,9 +109,9 @@ def drive(llm: LLM, prompts: dict[str, str], opts: DemoOptions, console: Console
     live = Live(console=console, auto_refresh=False) if opts.live else nullcontext()
     with live:
         while engine.has_unfinished_requests():
-            num_traced = len(engine.trace)
+            steps_before = engine.stats.num_steps
             latest |= {out.request_id: out for out in engine.step()}
-            if len(engine.trace) == num_traced:  # nothing ran (only an abort was reported)
+            if engine.stats.num_steps == steps_before:  # nothing ran (only an abort was reported)
                 continue
             if opts.live:
                 live.update(render_step(llm, prompts, latest), refresh=True)

@@ -10,16 +10,18 @@ Read with: chapters/01-contiguous-static.md.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import torch
 from tqdm import tqdm
 
 from pagedlab.config import EngineConfig, parse_stage
 from pagedlab.engine import LLMEngine
-from pagedlab.model.loader import BUNDLED_MODEL, load_model
+from pagedlab.model.loader import BUNDLED_MODEL, load_model, load_model_config
 from pagedlab.outputs import BeamSearchOutput, RequestOutput
-from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.sampling_params import BeamSearchParams
 from pagedlab.stages import default_stage
+from pagedlab.validation import check_engine_memory
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -29,54 +31,92 @@ class LLM:
 
     def __init__(self, model: str = BUNDLED_MODEL, stage: int | str | None = None, **engine_args):
         stage = default_stage() if stage is None else parse_stage(stage)
+        path, mc = load_model_config(model)  # config.json only: every size is checked before a weight is read
         dtype = engine_args.get("dtype") or "float32"
-        if dtype not in _DTYPES:
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {tuple(_DTYPES)}")
-        self.loaded = load_model(model, device=engine_args.get("device") or "cpu", dtype=_DTYPES[dtype])
-        mc = self.loaded.config
-        kv_bytes_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * _DTYPES[dtype].itemsize
+        itemsize = _DTYPES[dtype].itemsize
+        kv_bytes_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * itemsize
         config = EngineConfig.create(stage, mc.max_position_embeddings, kv_bytes_per_token, **engine_args)
+        check_engine_memory(config, mc.num_parameters, kv_bytes_per_token, itemsize)
+        self.loaded = load_model(path, device=config.device, dtype=_DTYPES[dtype])
         self.engine = LLMEngine(config, self.loaded)
         self._ids = itertools.count()
 
     def get_tokenizer(self):
         return self.loaded.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's LLM.reset_prefix_cache); False while requests hold blocks."""
+        return self.engine.reset_prefix_cache()
+
     def generate(
         self, prompts, sampling_params=None, *, priority=None, cache_salt=None, use_tqdm: bool = True
     ) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in prompt order."""
+        """Generate for every prompt; outputs come back in prompt order.
+
+        All or nothing: every prompt is checked before any is queued, so one bad prompt queues none.
+        """
         prompts = _as_prompt_list(prompts)
-        params = _per_prompt(sampling_params or SamplingParams(), len(prompts), "sampling_params")
+        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
         priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
-        ids = [str(next(self._ids)) for _ in prompts]
-        for rid, prompt, p, prio in zip(ids, prompts, params, priorities):
-            self.engine.add_request(rid, prompt, p, priority=prio, cache_salt=cache_salt)
-        return self._run(ids, use_tqdm)
+        groups = [
+            self.engine.process_inputs(self._fresh_id(), prompt, p, priority=prio, cache_salt=cache_salt)
+            for prompt, p, prio in zip(prompts, params, priorities)
+        ]
+        ids = [g[0].group_id for g in groups]
+        with self._aborting_on_failure(ids):
+            for group in groups:
+                self.engine.add_processed(group)
+            return self._run(ids, use_tqdm)
 
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: one BeamSearchOutput per prompt, best sequences first."""
         prompts = _as_prompt_list(prompts)
-        ids = [f"beam-{next(self._ids)}" for _ in prompts]
-        for rid, prompt in zip(ids, prompts):
-            self.engine.add_beam_request(rid, prompt, params)
-        with tqdm(total=len(ids), desc="beam_search", disable=not use_tqdm, unit="req") as bar:
-            while not all(i in self.engine.beam_outputs for i in ids):
-                self.engine.step()
-                bar.n = sum(i in self.engine.beam_outputs for i in ids)
-                bar.refresh()
-        return [self.engine.beam_outputs.pop(i) for i in ids]
+        groups = [self.engine.process_beam_inputs(self._fresh_id("beam-"), p, params) for p in prompts]
+        ids = [g.request_id for g in groups]
+        with self._aborting_on_failure(ids):
+            for group in groups:
+                self.engine.add_processed_beams(group)
+            with tqdm(total=len(ids), desc="beam_search", disable=not use_tqdm, unit="req") as bar:
+                while not all(i in self.engine.beam_outputs for i in ids):
+                    self._step_or_fail()
+                    bar.n = sum(i in self.engine.beam_outputs for i in ids)
+                    bar.refresh()
+            return [self.engine.beam_outputs.pop(i) for i in ids]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         wanted = set(ids)
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
-            while self.engine.has_unfinished_requests() and not wanted <= finished.keys():
-                for out in self.engine.step():
+            while not wanted <= finished.keys():
+                for out in self._step_or_fail():
                     if out.finished and out.request_id in wanted:
                         finished[out.request_id] = out
                         bar.update(1)
         return [finished[i] for i in ids]
+
+    def _step_or_fail(self) -> list[RequestOutput]:
+        if not self.engine.has_unfinished_requests():  # every request ends, so this is a bug, not a hang
+            raise RuntimeError("the engine has no unfinished requests, but some of this call's never finished")
+        return self.engine.step()
+
+    def _fresh_id(self, prefix: str = "") -> str:
+        """The next request id no live request uses (a script may add its own ids through llm.engine)."""
+        while True:
+            request_id = f"{prefix}{next(self._ids)}"
+            if self.engine.owner_of(request_id) is None:
+                return request_id
+
+    @contextmanager
+    def _aborting_on_failure(self, ids: list[str]):
+        """If anything goes wrong (an error, Ctrl-C) once this call's requests are queued, abort them, so the
+        next call does not run them and the KV they hold is freed; then let the exception through."""
+        try:
+            yield
+        except BaseException:
+            self.engine.abort_request([i for i in ids if self.engine.owner_of(i) == i])
+            raise
 
 
 def _as_prompt_list(prompts) -> list:

@@ -22,14 +22,13 @@ from pagedlab.request import Request
 
 
 class OutputProcessor:
+    """Each live request's text (detokenizer, stop-string cut). The engine owns the request table and hands
+    the groups in; what is kept here for a request is dropped when its group's final output is made."""
+
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer = tokenizer
-        self.groups: dict[str, list[Request]] = {}  # group id -> its children, in child order
         self.stopped_text: dict[str, str] = {}  # request_id -> text cut at its stop string
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}  # request_id -> its text so far
-
-    def add_group(self, children: list[Request]) -> None:
-        self.groups[children[0].group_id] = children
 
     def find_stop_strings(self, requests: list[Request]) -> list[Request]:
         """Requests whose text now contains one of their stop strings (text is cut there)."""
@@ -46,13 +45,12 @@ class OutputProcessor:
                 hits.append(r)
         return hits
 
-    def make_outputs(self, requests: list[Request]) -> list[RequestOutput]:
-        """One RequestOutput per touched group; finished groups are forgotten afterwards."""
-        group_ids = list(dict.fromkeys(r.group_id for r in requests))
-        outputs = [self._output(gid) for gid in group_ids]
-        for out in outputs:
+    def make_outputs(self, groups: list[tuple[Request, ...]]) -> list[RequestOutput]:
+        """One RequestOutput per group (its children in child order); a finished group's text state is dropped."""
+        outputs = [self._output(children) for children in groups]
+        for children, out in zip(groups, outputs):
             if out.finished:
-                for child in self.groups.pop(out.request_id):
+                for child in children:
                     self.stopped_text.pop(child.request_id, None)
                     self.detokenizers.pop(child.request_id, None)
         return outputs
@@ -72,12 +70,11 @@ class OutputProcessor:
         """r's output text, decoding only the tokens that arrived since it was last asked for."""
         return self._detokenizer(r).update(r.all_token_ids, finished=r.status.is_finished())
 
-    def _output(self, group_id: str) -> RequestOutput:
-        children = self.groups[group_id]
+    def _output(self, children: tuple[Request, ...]) -> RequestOutput:
         first = children[0]
         completions = [self._completion(c) for c in children]
         return RequestOutput(
-            request_id=group_id,
+            request_id=first.group_id,
             prompt=first.prompt,
             prompt_token_ids=list(first.prompt_token_ids),
             outputs=completions,
@@ -87,6 +84,7 @@ class OutputProcessor:
                 "first_token_time": min((c.first_token_time for c in children if c.first_token_time), default=None),
                 "finished_time": max((c.finished_time or 0 for c in children), default=None),
             },
+            num_cached_tokens=first.num_cached_tokens or 0,
         )
 
     def _completion(self, r: Request) -> CompletionOutput:

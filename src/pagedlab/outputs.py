@@ -34,6 +34,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]  # one per child, in child order
     finished: bool = False  # every child has a finish_reason
     metrics: dict = field(default_factory=dict)  # arrival_time, first_token_time, finished_time (seconds)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at its first admission (stage 4+)
 
 
 @dataclass

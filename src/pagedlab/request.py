@@ -66,6 +66,7 @@ class Request:
     cumulative_logprob: float = 0.0  # sum(output_logprobs), kept as tokens arrive
     top_logprobs: list[dict[int, float]] = field(default_factory=list)  # when sampling_params.logprobs is set
     block_hashes: list = field(default_factory=list)  # stage 4: chained hash of each full block, as tokens arrive
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache served when first admitted (stage 4)
     first_token_time: float | None = None  # when the first output token was sampled
     finished_time: float | None = None  # when it finished
 
@@ -75,9 +76,12 @@ class Request:
 
     @classmethod
     def group(cls, request_id, token_ids, params, max_tokens, eos_token_ids, arrival, priority, cache_salt, prompt):
-        """The n children of one user request; with n > 1 child i is "{i}_{request_id}", as in vLLM."""
+        """The n children of one user request; with n > 1 child i is "{i}_{request_id}", as in vLLM.
+
+        A tuple: a group's members never change, and every part that holds the group may share it safely.
+        """
         n = params.n
-        return [
+        return tuple(
             cls(
                 request_id if n == 1 else f"{i}_{request_id}",
                 token_ids,
@@ -92,7 +96,7 @@ class Request:
                 prompt=prompt,
             )
             for i in range(n)
-        ]
+        )
 
     @property
     def group_id(self) -> str:

@@ -24,7 +24,7 @@ from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.block_table import BlockTableBuffer
 from pagedlab.config import EngineConfig
 from pagedlab.model.llama import CausalLM
-from pagedlab.sampling import sample
+from pagedlab.sampling import sample, top_logprobs
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
 
 
@@ -135,13 +135,7 @@ class ModelRunner:
             logits, params, [r.seed for r in requests], [r.num_output_tokens for r in requests], self.generator
         )
         logprobs = torch.log_softmax(logits, dim=-1)  # [N, V] raw, as vLLM reports them
-        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-        top = [None] * len(requests)
-        k = max((p.logprobs or 0) for p in params)
-        if k:
-            values, ids = logprobs.topk(k, dim=-1)
-            for i, p in enumerate(params):
-                if p.logprobs is not None:
-                    top[i] = dict(zip(ids[i, : p.logprobs].tolist(), values[i, : p.logprobs].tolist()))
-                    top[i][int(tokens[i])] = float(chosen[i])
-        return ModelRunnerOutput([r.request_id for r in requests], tokens.tolist(), chosen.tolist(), top)
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
+        tokens = tokens.tolist()
+        top = top_logprobs(logprobs, [p.logprobs for p in params], tokens, chosen)
+        return ModelRunnerOutput([r.request_id for r in requests], tokens, chosen, top)

@@ -76,6 +76,21 @@ def sample(
     return tokens
 
 
-def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k most likely tokens of each row of [N, V] logprobs: (values [N, k], ids [N, k])."""
-    return logprobs.topk(k, dim=-1)
+def top_logprobs(logprobs: torch.Tensor, wanted: list[int | None], tokens: list[int], chosen: list[float]) -> list:
+    """Per sampled row of [N, V] logprobs: {token: logprob} of its `wanted` most likely tokens plus the sampled one,
+    or None where none were asked for. As vLLM: 0 = the sampled token's alone, -1 = the whole vocabulary.
+    One topk for the batch; what a row gets never depends on what the others asked for."""
+    vocab = logprobs.shape[-1]
+    ks = [None if w is None else vocab if w == -1 else w for w in wanted]
+    k = max((x for x in ks if x is not None), default=0)
+    values, ids = logprobs.topk(k, dim=-1) if k else (None, None)  # [N, k] each
+    values, ids = (values.tolist(), ids.tolist()) if k else ([], [])
+    top = []
+    for i, ki in enumerate(ks):
+        if ki is None:
+            top.append(None)
+            continue
+        entry = dict(zip(ids[i][:ki], values[i][:ki])) if ki else {}
+        entry[tokens[i]] = chosen[i]
+        top.append(entry)
+    return top

@@ -32,7 +32,7 @@ def test_remove_from_the_middle_keeps_the_links():
     q.remove(blocks[0])  # the first one
     assert ids(q.get_all_free_blocks()) == [1, 3]
     assert ids(q.popleft_n(2)) == [1, 3] and q.num_free_blocks == 0
-    with pytest.raises(ValueError, match="no free blocks"):
+    with pytest.raises(ValueError, match="^No free blocks available$"):  # vLLM's message
         q.popleft()
 
 
@@ -63,7 +63,7 @@ def test_a_block_returns_to_the_queue_only_at_ref_cnt_zero():
 
 
 def test_asking_for_too_many_blocks():
-    with pytest.raises(ValueError, match="asked for 4 blocks, 3 free"):
+    with pytest.raises(ValueError, match="^Cannot get 4 free blocks from the pool$"):  # vLLM's message
         BlockPool(3).allocate(4)
 
 

@@ -55,6 +55,25 @@ def test_full_blocks_are_cached_kept_after_free_and_hit_later():
     kv.check_invariants()
 
 
+def test_the_lookup_stops_at_the_first_missing_block():
+    """A hole in a cached chain ends the hit: block 2's K/V were computed after block 1's tokens, and a block
+    table cannot skip a block. (A later block can outlive an earlier one in the cache: a hit on it moves it
+    to the tail of the free queue, behind the earlier one.)"""
+    kv = PrefixCachingKVCacheManager(num_kv_blocks=5, block_size=4, max_model_len=64)
+    a = req("a", range(13))  # blocks 0, 1, 2 full and cached; block 3 holds token 12
+    admit(kv, a)
+    kv.free(a)
+    assert free_queue(kv) == [4, 3, 2, 1, 0]
+    kv.pool.touch([kv.pool.blocks[2]])  # as a hit would: block 2 leaves the queue ...
+    kv.pool.free([kv.pool.blocks[2]])  # ... and comes back at the tail
+    assert free_queue(kv) == [4, 3, 1, 0, 2]
+    kv.pool.allocate(3)  # blocks 4, 3 and 1 are reused for other tokens: block 1's hash is evicted
+    assert kv.pool.blocks[2].block_hash is not None and kv.pool.blocks[1].block_hash is None
+    b = req("b", range(13))
+    assert [blk.block_id for blk in kv.get_computed_blocks(b)] == [0]  # not [0, 2]
+    assert kv.lookup_prefix(b) == 4
+
+
 def test_a_full_hit_still_leaves_the_last_token_to_compute():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     admit(kv, req("a", range(9)))

@@ -68,3 +68,10 @@ def _bounds(n):
     from pagedlab.oracle import _SeqBounds
 
     return _SeqBounds([0, n])
+
+
+def test_num_parameters_counts_the_checkpoint(pair):
+    """What the memory check counts before loading equals what Hugging Face builds (tied heads counted once)."""
+    hf, ours = pair
+    assert ours.config.num_parameters == sum(p.numel() for p in hf.parameters())
+    assert ours.config.num_parameters == sum(p.numel() for p in ours.model.parameters())

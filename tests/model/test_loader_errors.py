@@ -141,3 +141,102 @@ def test_folder_without_tokenizer_loads_for_token_ids(folder):
     (folder / "tokenizer.json").unlink()
     loaded = load_model(folder)
     assert loaded.tokenizer is None
+
+
+# config.json fields of the wrong type or sign: each names the file and the field.
+CONFIG_FIELDS = [
+    ("num_key_value_heads", "2"),
+    ("num_key_value_heads", -1),
+    ("head_dim", 0),
+    ("hidden_size", 32.5),
+    ("vocab_size", True),
+    ("max_position_embeddings", -5),
+    ("rms_norm_eps", "x"),
+    ("rms_norm_eps", 0),
+    ("rope_theta", -1),
+    ("tie_word_embeddings", "yes"),
+    ("attention_bias", 1),
+    ("mlp_bias", "no"),
+    ("use_sliding_window", "false"),
+    ("eos_token_id", "2"),
+    ("eos_token_id", [1, "2"]),
+    ("eos_token_id", -1),
+    ("bos_token_id", "<bos>"),
+    ("architectures", "LlamaForCausalLM"),
+    ("rope_scaling", "linear"),
+    ("torch_dtype", 5),
+]
+
+
+@pytest.mark.parametrize("field, value", CONFIG_FIELDS, ids=[f"{f}={v!r}" for f, v in CONFIG_FIELDS])
+def test_config_field_of_the_wrong_type_or_sign(folder, field, value):
+    _edit_config(folder, **{field: value})
+    with pytest.raises(ValueError, match=rf"config.json.*field '{field}'"):
+        load_model(folder)
+
+
+def test_json_null_means_the_default(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg |= {"head_dim": None, "rope_scaling": None, "bos_token_id": None, "torch_dtype": None}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_model(folder).config.head_dim == cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def test_a_config_whose_weights_cannot_fit_is_refused_before_any_is_built(folder):
+    _edit_config(folder, hidden_size=2**20, intermediate_size=2**22, num_hidden_layers=4096)
+    with pytest.raises(ValueError, match=r"config.json: the weights take .* TiB.* available"):
+        load_model(folder)
+
+
+def _write_weights_file(folder, data):
+    (folder / "model.safetensors").write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["empty", "truncated", "garbage", "directory"],
+)
+def test_a_damaged_safetensors_file_names_itself(folder, damage):
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    if damage == "directory":
+        weights.unlink()
+        weights.mkdir()
+    else:
+        weights.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "garbage": b"\xff" * 64}[damage])
+    with pytest.raises(ValueError, match=r"model.safetensors: not a readable safetensors file"):
+        load_model(folder)
+
+
+INDEXES = [
+    ("{ not json", r"not valid JSON"),
+    ("[]", r"expected a JSON object"),
+    ('{"weight_map": []}', r"field 'weight_map'"),
+    ('{"weight_map": {"model.norm.weight": 5}}', r"field 'weight_map'"),
+    ('{"weight_map": {"model.norm.weight": "../outside.safetensors"}}', r"shard '../outside.safetensors' .* outside"),
+    ('{"weight_map": {"model.norm.weight": "/etc/passwd"}}', r"shard '/etc/passwd' .* outside"),
+]
+
+
+@pytest.mark.parametrize(
+    "text, message", INDEXES, ids=["not-json", "a-list", "map-a-list", "shard-an-int", "dotdot", "absolute"]
+)
+def test_a_malformed_index_names_the_file_and_field(folder, text, message):
+    (folder.parent / "outside.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (folder / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"model.safetensors.index.json: .*{message}"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{ not json", "not valid JSON"),
+        ("[1]", "expected a JSON object"),
+        ('{"eos_token_id": "2"}', "field 'eos_token_id'"),
+    ],
+)
+def test_a_malformed_generation_config(folder, text, message):
+    (folder / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"generation_config.json.*{message}"):
+        load_model(folder)

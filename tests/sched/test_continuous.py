@@ -102,6 +102,34 @@ def test_recompute_preemption_of_the_newest_request():
     s.check_invariants()
 
 
+def test_nobody_is_admitted_in_a_step_that_preempted():
+    # As vLLM v1: the blocks a preemption frees are not handed to a waiting request in the same step.
+    s = make(num_kv_blocks=5, budget=64, policy="priority")
+    a, b = req("a", 7, 10, arrival_time=0.0), req("b", 7, 10, first=40, arrival_time=1.0)
+    s.add_request([a])
+    s.add_request([b])
+    step(s)
+    step(s)  # a and b hold 2 blocks each; 1 is free
+    c = req("c", 2, 2, first=80, priority=-1, arrival_time=2.0)  # urgent, and small enough for the free block
+    s.add_request([c])
+    assert step(s) == {"a": 1}  # a took the last block, b was preempted: 2 blocks free, but c waits
+    assert b.status == RequestStatus.PREEMPTED and c.status == RequestStatus.WAITING
+    assert [r.request_id for r in s.waiting] == ["c", "b"]  # by priority
+    assert "c" in step(s)  # admitted in the next step
+
+
+def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
+    s = make(num_kv_blocks=5, max_num_seqs=2, budget=64)
+    a, b, c = req("a", 7, 10), req("b", 7, 10, first=40), req("c", 2, 2, first=80)
+    for r in (a, b, c):
+        s.add_request([r])
+    step(s)
+    step(s)  # a and b run; c waits for a seat
+    assert [r.request_id for r in s.waiting] == ["c"]
+    assert step(s) == {"a": 1}  # b preempted
+    assert [r.request_id for r in s.waiting] == ["b", "c"]  # in front of the request that was already waiting
+
+
 def test_a_preempted_request_comes_back_through_the_prefix_cache():
     s = make(num_kv_blocks=5, budget=64)
     a, b = req("a", 7, 4), req("b", 7, 10, first=40)
@@ -160,6 +188,32 @@ def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
     assert [r.request_id for r in so.scheduled] == ["urgent"] and so.num_scheduled_tokens == [1]
     assert lax.status == RequestStatus.PREEMPTED and "lax" not in so.new_block_ids
     s.check_invariants()
+
+
+def test_a_victim_already_scheduled_this_step_gives_its_tokens_back_to_the_budget():
+    """Running order lax, urgent, third. lax is given its decode token and the last free block; urgent then
+    finds no block, so the least urgent request, lax, is preempted; its token goes back to the budget, where
+    third's prefill chunk takes it (5 tokens of a budget of 6, not 4)."""
+    s = make(num_kv_blocks=4, budget=6, policy="priority")
+    lax = req("lax", 3, 10, priority=5, arrival_time=0.0)
+    urgent, third = req("urgent", 4, 10, first=40, arrival_time=1.0), req("third", 20, 2, first=60, arrival_time=2.0)
+    s.add_request([lax])
+    assert step(s) == {"lax": 3}
+    s.add_request([urgent])
+    s.add_request([third])
+    assert step(s) == {"lax": 1, "urgent": 4, "third": 1}  # 3 blocks used, 1 free
+    assert step(s) == {"urgent": 1, "third": 5}
+    assert lax.status == RequestStatus.PREEMPTED and s.num_preemptions == 1
+    s.check_invariants()
+
+
+def test_priority_ties_are_broken_by_arrival_then_request_id():
+    # vLLM's Request.__lt__: (priority, arrival_time, request_id).
+    s = make(max_num_seqs=1, budget=64, policy="priority")
+    for rid, prio, arrival in [("b", 0, 1.0), ("a", 0, 1.0), ("c", 0, 0.5), ("d", -1, 9.0)]:
+        s.add_request([req(rid, 2, 1, priority=prio, arrival_time=arrival)])
+    assert [r.request_id for r in s.waiting] == ["d", "c", "a", "b"]
+    assert [next(iter(step(s))) for _ in range(4)] == ["d", "c", "a", "b"]
 
 
 def test_an_n_group_is_admitted_and_preempted_as_one_unit():

@@ -100,13 +100,17 @@ def test_eos_and_stop_token_ids_finish_with_stop():
     assert a.output_token_ids == [1] and b.output_token_ids == [9]  # the stopping token is kept
 
 
-def test_length_is_checked_before_eos_as_vllm_does():
-    s = make()
-    a = req("a", 2, 1)
-    s.add_request([a])
+def test_eos_is_checked_before_length_as_vllm_does():
+    # vLLM's current check_stop order is EOS, stop token ids, then length (length came first up to v0.10).
+    s = make(max_num_seqs=3, num_kv_blocks=12)
+    a, b = req("a", 2, 1), Request("b", [2, 3], SamplingParams(max_tokens=1, stop_token_ids=[9]), 1)
+    c = req("c", 2, 1)
+    for r in (a, b, c):
+        s.add_request([r])
     so = s.schedule()
-    s.update(so, ModelRunnerOutput(["a"], [1], [-1.0], [None]))  # EOS exactly at max_tokens
-    assert a.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    s.update(so, ModelRunnerOutput(["a", "b", "c"], [1, 9, 5], [-1.0] * 3, [None] * 3))  # all at max_tokens
+    assert a.status == b.status == RequestStatus.FINISHED_STOPPED  # EOS, a stop token id: "stop"
+    assert c.status == RequestStatus.FINISHED_LENGTH_CAPPED  # anything else: "length"
 
 
 def test_requests_that_can_never_fit():

@@ -31,6 +31,11 @@ class TritonAttention:
         head_dim: int,
         partition_size: int = DEFAULT_PARTITION_SIZE,
     ):
+        if head_dim < 16:  # the prefill kernel's tl.dot needs tiles of at least 16 along D
+            raise ValueError(
+                f"attention_backend: 'triton' needs head_dim >= 16, and this model's is {head_dim}; "
+                "choose attention_backend='torch'"
+            )
         self.kv_cache = kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]
         self.num_queries_per_kv = num_queries_per_kv
         self.scale = head_dim**-0.5

@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedlab.errors import check
+
 DEFAULT_PARTITION_SIZE = 512  # vLLM's _PARTITION_SIZE
 
 
@@ -267,9 +269,10 @@ def paged_decode(
     """Checked launcher. q/out [T, H, D]; caches [num_blocks, block_size, KVH, D]; block_table [B, MB];
     seq_lens [B]; rows / q_index [N]: the decode requests' table rows and query tokens. Returns the version run."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
-    assert partition_size % 16 == 0, "partition_size must be a multiple of 16"
+    check(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads")
+    contiguous = k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
+    check(contiguous, "caches must be contiguous, and q and out contiguous along the head dim")
+    check(partition_size % 16 == 0, "partition_size must be a multiple of 16")
     n = rows.numel()
     if n == 0:
         return None

@@ -27,6 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from pagedlab.errors import check
+
 
 @triton.jit
 def paged_prefill_kernel(
@@ -125,9 +127,10 @@ def paged_prefill(
     seq_lens [B]; query_start_loc [B + 1]; rows [N]: the requests to run (query length > 1)."""
     _, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
-    assert head_dim >= 16 and block_m >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16"
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
+    check(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads")
+    check(head_dim >= 16 and block_m >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16")
+    contiguous = k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
+    check(contiguous, "caches must be contiguous, and q and out contiguous along the head dim")
     n = rows.numel()
     if n == 0:
         return

@@ -23,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from pagedlab.errors import check
+
 
 @triton.jit
 def store_kv_kernel(
@@ -60,10 +62,10 @@ def store_kv_kernel(
 def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     """Checked launcher: k, v [T, KVH, D] into caches [num_blocks, block_size, KVH, D] at slot_mapping [T]."""
     t, kvh, d = k.shape
-    assert v.shape == k.shape and slot_mapping.shape == (t,), "k, v and slot_mapping disagree on T"
-    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kvh, d), "cache shape mismatch"
-    assert k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous"
-    assert k.stride(2) == 1 and v.stride(2) == 1, "the head dim must be contiguous"
+    check(v.shape == k.shape and slot_mapping.shape == (t,), "k, v and slot_mapping disagree on T")
+    check(k_cache.shape == v_cache.shape and k_cache.shape[2:] == (kvh, d), "cache shape mismatch")
+    check(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+    check(k.stride(2) == 1 and v.stride(2) == 1, "the head dim must be contiguous")
     if t == 0:
         return
     # Convert to the cache dtype in torch: one rounding rule on every device (Triton's interpreter

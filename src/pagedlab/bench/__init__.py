@@ -23,6 +23,7 @@ from pagedlab.bench.prefix import run_prefix
 from pagedlab.bench.scheduler import run_scheduler
 from pagedlab.bench.sharing import run_sharing
 from pagedlab.bench.throughput import run_throughput
+from pagedlab.errors import InvariantError
 
 BENCHES: dict[str, Callable[..., dict]] = {
     "memory": run_memory,  # Figure 2: where KV memory goes, contiguous vs paged
@@ -42,7 +43,8 @@ def run_bench(name: str, as_json: bool = False, **options) -> dict:
         raise ValueError(f"unknown bench {name!r}; known: {', '.join(sorted(BENCHES))}")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)  # logs and CI: no 80-column squeeze
     result = BENCHES[name](console, **options)
-    assert result.get("bench") == name and isinstance(result.get("rows"), list), f"bench {name} returned {result}"
+    if result.get("bench") != name or not isinstance(result.get("rows"), list):
+        raise InvariantError(f"bench {name} returned {result}")
     if as_json:
         json.dump(result, sys.stdout, allow_nan=False)
         sys.stdout.write("\n")

@@ -23,6 +23,7 @@ import os
 import time
 
 from pagedlab.bench.throughput import Served, StreamRequest
+from pagedlab.errors import check
 
 
 def hf_available() -> bool:
@@ -104,5 +105,5 @@ def _generate_batch(model, batch: list[StreamRequest]):
             pad_token_id=0,
             stopping_criteria=StoppingCriteriaList([clock]),
         )
-    assert out.shape[1] == width + num_new == width + len(clock.times), "generate stopped early"
+    check(out.shape[1] == width + num_new == width + len(clock.times), "generate stopped early")
     return out[:, width:], clock.times

@@ -23,6 +23,7 @@ import bisect
 from collections.abc import Callable
 from typing import Protocol
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.request import Request
 
@@ -50,7 +51,8 @@ class FirstFitAllocator:
 
     def allocate(self, size: int) -> int | None:
         """Start of a region of `size` slots from the lowest hole that fits; None if no hole is big enough."""
-        assert size >= 1, f"a region needs at least one slot, got {size}"
+        if size < 1:
+            raise InvariantError(f"a region needs at least one slot, got {size}")
         for i, (start, length) in enumerate(self.holes):
             if length >= size:
                 if length == size:
@@ -63,7 +65,8 @@ class FirstFitAllocator:
 
     def free(self, start: int) -> None:
         """Return the region starting at `start`, merging it with the holes on either side."""
-        assert start in self.allocated, f"no region starts at slot {start} (freed twice?)"
+        if start not in self.allocated:
+            raise InvariantError(f"no region starts at slot {start} (freed twice?)")
         size = self.allocated.pop(start)
         i = bisect.bisect(self.holes, (start, 0))
         if i > 0 and sum(self.holes[i - 1]) == start:  # the hole before ends where we start
@@ -109,7 +112,8 @@ class ContiguousSpace:
             self.region_of[request.request_id] = (start, size)
             new = range(start, start + size)
         start, size = self.region_of[request.request_id]
-        assert request.num_computed_tokens + num_new_tokens <= size, f"{request.request_id} outgrew its region"
+        if request.num_computed_tokens + num_new_tokens > size:
+            raise InvariantError(f"{request.request_id} outgrew its region")
         return new
 
     def free(self, request: Request) -> None:

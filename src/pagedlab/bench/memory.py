@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from pagedlab.bench.kv_spaces import SYSTEMS, KVSpace, make_space
 from pagedlab.bench.workloads import RequestSpec, sample_requests
+from pagedlab.errors import InvariantError, check
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
 
@@ -89,7 +90,8 @@ def simulate(space: KVSpace, specs: list[RequestSpec]) -> SimResult:
         num_preemptions += preempted
         if not preempted:  # as vLLM v1: no admission in a step that had to preempt
             _schedule_waiting(space, running, waiting)
-        assert running, f"{waiting[0].request_id} can never fit in {space.pool_slots} slots"
+        if not running:
+            raise InvariantError(f"{waiting[0].request_id} can never fit in {space.pool_slots} slots")
         for request in running:  # the fake forward pass: every scheduled token gets its K/V
             request.num_computed_tokens = request.num_tokens
         if waiting:
@@ -142,12 +144,13 @@ def classify(space: KVSpace, running: list[Request]) -> StepCounts:
     tokens = reserved = internal = 0
     for request in running:
         held, computed, final = space.slots_held(request), request.num_computed_tokens, request.max_num_tokens
-        assert computed <= held, f"{request.request_id} computed {computed} tokens into {held} slots"
+        if computed > held:
+            raise InvariantError(f"{request.request_id} computed {computed} tokens into {held} slots")
         tokens += computed
         reserved += min(held, final) - computed
         internal += max(0, held - final)
     external = space.num_free_slots
-    assert tokens + reserved + internal + external == space.pool_slots, "a slot is counted twice or leaked"
+    check(tokens + reserved + internal + external == space.pool_slots, "a slot is counted twice or leaked")
     return StepCounts(tokens, reserved, internal, external, len(running))
 
 
@@ -156,7 +159,8 @@ def memory_row(
 ) -> dict:
     """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
     n = len(result.steps)
-    assert n, f"{system} on {workload}: no measured step (use more requests or a smaller pool)"
+    if not n:
+        raise InvariantError(f"{system} on {workload}: no measured step (use more requests or a smaller pool)")
     row = {"system": system, "block_size": block_size, "workload": workload, "num_requests": len(specs)}
     for share in SHARES:
         row[share] = sum(getattr(s, share) for s in result.steps) / (n * pool_slots)

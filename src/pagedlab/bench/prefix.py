@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, PrefixedRequest, shared_prefix_requests
+from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -112,9 +113,9 @@ def _step_to_the_end(engine) -> tuple[dict[str, RequestOutput], dict[str, int], 
     step, wall time of the steps that fed some request its first tokens, i.e. its prompt)."""
     finished, first_fed, prefill_s = {}, {}, 0.0
     while engine.has_unfinished_requests():
-        step_start, num_traced = time.perf_counter(), len(engine.trace)
+        step_start, steps_before = time.perf_counter(), engine.stats.num_steps
         finished |= {out.request_id: out for out in engine.step() if out.finished}
-        fed = engine.trace[-1].scheduled if len(engine.trace) > num_traced else {}
+        fed = engine.trace[-1].scheduled if engine.stats.num_steps > steps_before else {}
         new = {req_id: n for req_id, n in fed.items() if req_id not in first_fed}
         if new:  # a batch's first step: its prefill
             first_fed |= new
@@ -137,17 +138,19 @@ def serve_both(specs: list[PrefixedRequest], repeats: int, **engine_args) -> dic
 def fastest(runs: list[ServeResult]) -> ServeResult:
     """The run with the least total time; the token counts must not change between identical runs."""
     counts = {(r.computed_prefill_tokens, r.prefix_cache_hits) for r in runs}
-    assert len(counts) == 1, f"token counts changed between identical runs: {counts}"
+    if len(counts) != 1:
+        raise InvariantError(f"token counts changed between identical runs: {counts}")
     return min(runs, key=lambda r: r.total_s)
 
 
 def prefix_row(workload: str, caching: bool, specs: list[PrefixedRequest], result: ServeResult, **config) -> dict:
     """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
     prompt_tokens = sum(s.prompt_len for s in specs)
-    assert result.computed_prefill_tokens == prompt_tokens - result.prefix_cache_hits, (
-        f"{workload}: computed {result.computed_prefill_tokens} prefill tokens, "
-        f"but prompt - hits = {prompt_tokens} - {result.prefix_cache_hits}"
-    )
+    if result.computed_prefill_tokens != prompt_tokens - result.prefix_cache_hits:
+        raise InvariantError(
+            f"{workload}: computed {result.computed_prefill_tokens} prefill tokens, "
+            f"but prompt - hits = {prompt_tokens} - {result.prefix_cache_hits}"
+        )
     row = {"workload": workload, "caching": caching, "stage": STAGE, "num_requests": len(specs)}
     row |= {"prompt_tokens": prompt_tokens, "computed_prefill_tokens": result.computed_prefill_tokens}
     row |= {"hit_rate": result.hit_rate, "ttft_s": result.ttft_s, "total_s": result.total_s}

@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pagedlab.config import EngineConfig
+from pagedlab.errors import check
 from pagedlab.request import Request
 from pagedlab.sampling_params import SamplingParams
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -84,7 +85,7 @@ def time_decode_steps(num_running: int, steps: int = STEPS) -> dict:
     add_requests(scheduler, num_running, max_tokens=steps + 2)
     so = scheduler.schedule()
     scheduler.update(so, fake_model(so))
-    assert len(scheduler.running) == num_running, "the prefill step must admit every request"
+    check(len(scheduler.running) == num_running, "the prefill step must admit every request")
     schedule_ns, update_ns = [], []
     for _ in range(steps):
         t0 = time.perf_counter_ns()
@@ -94,10 +95,10 @@ def time_decode_steps(num_running: int, steps: int = STEPS) -> dict:
         t2 = time.perf_counter_ns()
         scheduler.update(so, sampled)
         t3 = time.perf_counter_ns()
-        assert so.num_scheduled_tokens == [1] * num_running, "every timed step is num_running decodes"
+        check(so.num_scheduled_tokens == [1] * num_running, "every timed step is num_running decodes")
         schedule_ns.append(t1 - t0)
         update_ns.append(t3 - t2)
-    assert scheduler.num_preemptions == 0 and len(scheduler.running) == num_running
+    check(scheduler.num_preemptions == 0 and len(scheduler.running) == num_running, "a timed step lost a request")
     return {"schedule_ns": schedule_ns, "update_ns": update_ns}
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
+from pagedlab.errors import check
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def count_sharing(engine: LLMEngine) -> SharingCount:
         engine.step()
         used, needed, steps = used + kv.num_used_blocks, needed + kv.num_table_blocks(), steps + 1
     engine.beam_outputs.clear()  # the beams' text is not what we measure
-    assert kv.num_used_blocks == 0, "every block is free once every request has ended"
+    check(kv.num_used_blocks == 0, "every block is free once every request has ended")
     return SharingCount(used, needed, steps)
 
 

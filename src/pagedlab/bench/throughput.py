@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pagedlab.bench.workloads import sample_requests
+from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
 
 WORKLOAD = "sharegpt"
@@ -192,7 +193,8 @@ def throughput_row(system: str, stream: list[StreamRequest], served: Served, **e
     """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
     out_lens = [r.output_len for r in stream]
     got = [len(t) for t in served.token_ids]
-    assert got == out_lens, f"{system}: output lengths {got} differ from the stream's {out_lens}"
+    if got != out_lens:
+        raise InvariantError(f"{system}: output lengths {got} differ from the stream's {out_lens}")
     output_tokens = sum(out_lens)
     row = {"system": system, "workload": WORKLOAD, "num_requests": len(stream), "num_kv_blocks": served.num_kv_blocks}
     row |= {"tokens_per_s": output_tokens / served.total_s, "requests_per_s": len(stream) / served.total_s}

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pagedlab.errors import InvariantError, check
+
 
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
@@ -53,13 +55,14 @@ class FreeKVCacheBlockQueue:
     def popleft(self) -> KVCacheBlock:
         block = self.head.next_free_block
         if block is self.tail:
-            raise ValueError("no free blocks")
+            raise ValueError("No free blocks available")  # vLLM's message
         self.remove(block)
         return block
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink `block` from wherever it is in the queue."""
-        assert block.prev_free_block is not None and block.next_free_block is not None, f"{block} is not free"
+        if block.prev_free_block is None or block.next_free_block is None:
+            raise InvariantError(f"{block} is not in the free queue")
         block.prev_free_block.next_free_block = block.next_free_block
         block.next_free_block.prev_free_block = block.prev_free_block
         block.prev_free_block = block.next_free_block = None
@@ -67,7 +70,8 @@ class FreeKVCacheBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         """Put `block` at the tail (it will be allocated last)."""
-        assert block.prev_free_block is None and block.next_free_block is None, f"{block} is already free"
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise InvariantError(f"{block} is already in the free queue")
         last = self.tail.prev_free_block
         last.next_free_block, block.prev_free_block = block, last
         block.next_free_block, self.tail.prev_free_block = self.tail, block
@@ -77,7 +81,7 @@ class FreeKVCacheBlockQueue:
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
-            raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
+            raise ValueError(f"Cannot get {n} free blocks from the pool")  # vLLM's message
         return [self.popleft() for _ in range(n)]
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -115,14 +119,16 @@ class BlockPool:
         """Take n blocks from the head of the free queue, each with ref_cnt 1."""
         blocks = self.free_block_queue.popleft_n(n)
         for block in blocks:
-            assert block.ref_cnt == 0, f"{block} was in the free queue"
+            if block.ref_cnt != 0:
+                raise InvariantError(f"{block} was in the free queue")
             block.ref_cnt = 1
         return blocks
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference from each block; a block that reaches 0 goes to the queue's tail."""
         for block in blocks:
-            assert block.ref_cnt > 0, f"{block} freed twice"
+            if block.ref_cnt <= 0:
+                raise InvariantError(f"{block} freed twice")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
@@ -131,8 +137,9 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         queued = self.free_block_queue.get_all_free_blocks()
-        assert len(queued) == len(set(map(id, queued))) == self.num_free, "free queue is corrupt"
-        assert {b.block_id for b in queued} == {b.block_id for b in self.blocks if b.ref_cnt == 0}, (
-            "a block is in the free queue iff ref_cnt == 0"
+        check(len(queued) == len(set(map(id, queued))) == self.num_free, "free queue is corrupt")
+        check(
+            {b.block_id for b in queued} == {b.block_id for b in self.blocks if b.ref_cnt == 0},
+            "a block is in the free queue iff ref_cnt == 0",
         )
-        assert all(b.ref_cnt >= 0 for b in self.blocks), "negative ref_cnt"
+        check(all(b.ref_cnt >= 0 for b in self.blocks), "negative ref_cnt")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from pagedlab.errors import InvariantError, check
 from pagedlab.request import Request
 
 
@@ -63,9 +64,8 @@ class ContiguousKVCacheManager:
         """
         region = self.region_of.get(request.request_id)
         if region is not None:
-            assert request.num_computed_tokens + num_new_tokens <= self.region_size * self.block_size, (
-                f"{request.request_id} outgrew its region"
-            )
+            if request.num_computed_tokens + num_new_tokens > self.region_size * self.block_size:
+                raise InvariantError(f"{request.request_id} outgrew its region")
             return []
         if not self.free_regions:
             return None
@@ -94,6 +94,10 @@ class ContiguousKVCacheManager:
     def lookup_prefix(self, request: Request) -> int:
         return 0  # no prefix cache: every prompt token is computed
 
+    def reset_prefix_cache(self) -> bool:
+        """Nothing is cached; as in vLLM, refused (False) while any region is in use."""
+        return not self.region_of
+
     def get_block_ids(self, request: Request) -> list[int]:
         region = self.region_of.get(request.request_id)
         return [] if region is None else list(range(region * self.region_size, (region + 1) * self.region_size))
@@ -116,6 +120,6 @@ class ContiguousKVCacheManager:
 
     def check_invariants(self) -> None:
         owned = sorted(self.region_of.values())
-        assert len(owned) == len(set(owned)), "a region is owned twice"
-        assert not set(owned) & set(self.free_regions), "an owned region is also free"
-        assert len(owned) + len(self.free_regions) == self.num_regions, "a region leaked"
+        check(len(owned) == len(set(owned)), "a region is owned twice")
+        check(not set(owned) & set(self.free_regions), "an owned region is also free")
+        check(len(owned) + len(self.free_regions) == self.num_regions, "a region leaked")

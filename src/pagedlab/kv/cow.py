@@ -20,6 +20,7 @@ vllm/core/block/cpu_gpu_block_allocator.py (copy-on-write), vllm/core/block/naiv
 
 from __future__ import annotations
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.paged import PagedKVCacheManager, cdiv
 from pagedlab.request import Request
 
@@ -46,7 +47,8 @@ class CowKVCacheManager(PagedKVCacheManager):
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         first = request.num_computed_tokens // self.block_size  # block receiving the first new token
         shared = first < len(blocks) and blocks[first].ref_cnt > 1
-        assert not shared or first == len(blocks) - 1, "only a table's last block can be shared and written"
+        if shared and first != len(blocks) - 1:
+            raise InvariantError("only a table's last block can be shared and written")
         appended = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
         if max(0, appended) + shared > self.pool.num_free:
             return None

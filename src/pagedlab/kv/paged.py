@@ -21,6 +21,7 @@ vLLM: vllm/v1/core/kv_cache_manager.py, vllm/v1/core/single_type_kv_cache_manage
 
 from __future__ import annotations
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
 from pagedlab.request import Request
 
@@ -82,6 +83,10 @@ class PagedKVCacheManager:
     def lookup_prefix(self, request: Request) -> int:
         return 0  # no prefix cache before stage 4: every prompt token is computed
 
+    def reset_prefix_cache(self) -> bool:
+        """Nothing is cached before stage 4; as in vLLM, refused (False) while any block is in use."""
+        return self.num_used_blocks == 0
+
     def max_blocks(self, request: Request) -> int:
         """Worst case: every token but the last sampled one gets K/V (the last is never fed back)."""
         return cdiv(request.max_num_tokens - 1, self.block_size)
@@ -129,4 +134,5 @@ class PagedKVCacheManager:
             for b in blocks:
                 holders[b.block_id] = holders.get(b.block_id, 0) + 1
         for b in self.pool.blocks:
-            assert b.ref_cnt == holders.get(b.block_id, 0), f"{b} is held by {holders.get(b.block_id, 0)} tables"
+            if b.ref_cnt != holders.get(b.block_id, 0):
+                raise InvariantError(f"{b} is held by {holders.get(b.block_id, 0)} tables")

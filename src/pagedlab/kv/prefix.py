@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pagedlab.errors import InvariantError, check
 from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.hashing import make_none_hash, update_block_hashes
@@ -71,6 +72,16 @@ class CachingBlockPool(BlockPool):
 
     # END SOLUTION
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (vLLM's BlockPool.reset_prefix_cache); refused (False) while a block is held,
+        since a running request's table points at cached blocks and later requests would still hit them."""
+        if self.num_free < self.num_blocks:
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True
+
     @property
     def num_cached_free(self) -> int:
         return sum(1 for b in self.cached_block_hash_to_block.values() if b.ref_cnt == 0)
@@ -78,9 +89,10 @@ class CachingBlockPool(BlockPool):
     def check_invariants(self) -> None:
         super().check_invariants()
         for block_hash, block in self.cached_block_hash_to_block.items():
-            assert block.block_hash == block_hash, f"{block} is mapped under a hash it does not carry"
+            if block.block_hash != block_hash:
+                raise InvariantError(f"{block} is mapped under a hash it does not carry")
         carrying = sum(1 for b in self.blocks if b.block_hash is not None)
-        assert carrying == len(self.cached_block_hash_to_block), "a block carries a hash the cache forgot"
+        check(carrying == len(self.cached_block_hash_to_block), "a block carries a hash the cache forgot")
 
 
 class PrefixCachingKVCacheManager(CowKVCacheManager):
@@ -128,6 +140,9 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
                 break
             hits.append(block)
         return hits
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
 
     def lookup_prefix(self, request: Request) -> int:
         """Start a request's table with its cached prefix; returns the tokens that need no compute."""

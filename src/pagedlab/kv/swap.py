@@ -24,6 +24,7 @@ vLLM v1 dropped swapping (see chapters/05-continuous-batching.md).
 
 from __future__ import annotations
 
+from pagedlab.errors import InvariantError, check
 from pagedlab.kv.paged import cdiv
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.request import Request
@@ -42,7 +43,8 @@ class SwapPool:
         return len(self.free_ids)
 
     def allocate(self, request_id: str, n: int) -> list[int]:
-        assert n <= self.num_free, "check num_free first"
+        if n > self.num_free:
+            raise InvariantError(f"{request_id} asks for {n} CPU blocks, {self.num_free} free: check num_free first")
         ids = [self.free_ids.pop() for _ in range(n)]
         self.held[request_id] = ids
         return ids
@@ -54,8 +56,8 @@ class SwapPool:
 
     def check_invariants(self) -> None:
         held = [b for ids in self.held.values() for b in ids]
-        assert len(held) == len(set(held)) and not set(held) & set(self.free_ids), "a CPU block is held twice"
-        assert len(held) + len(self.free_ids) == self.num_blocks, "a CPU block leaked"
+        check(len(held) == len(set(held)) and not set(held) & set(self.free_ids), "a CPU block is held twice")
+        check(len(held) + len(self.free_ids) == self.num_blocks, "a CPU block leaked")
 
 
 class SwappingKVCacheManager(PrefixCachingKVCacheManager):

@@ -13,18 +13,12 @@ the file and the field, never a silently different model.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
-_REQUIRED_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-)
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -57,61 +51,147 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def num_parameters(self) -> int:
+        """Weights of the module this config builds (what the loader will read), counted from the shapes alone."""
+        e, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        attention = e * q + 2 * e * kv + q * e
+        attention += (q + 2 * kv) * self.attention_bias + e * self.o_proj_bias + 2 * self.head_dim * self.qk_norm
+        mlp = 3 * e * self.intermediate_size + (2 * self.intermediate_size + e) * self.mlp_bias
+        layer = attention + mlp + 2 * e  # + two RMSNorms
+        embeddings = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_hidden_layers * layer + e  # + the final norm
+
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         arch = _architecture(cfg, source)
-        for name in _REQUIRED_FIELDS:
-            if not isinstance(cfg.get(name), int) or cfg[name] <= 0:
-                raise ValueError(f"{source}: field '{name}' must be a positive integer, got {cfg.get(name)!r}")
-        heads = cfg["num_attention_heads"]
-        kv_heads = cfg.get("num_key_value_heads") or heads
+        read = _Reader(cfg, source)
+        heads = read.integer("num_attention_heads")
+        kv_heads = read.integer("num_key_value_heads", default=heads)
         if heads % kv_heads:
             raise ValueError(
                 f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
             )
-        if cfg.get("use_sliding_window"):
+        if read.flag("use_sliding_window"):
             raise ValueError(f"{source}: field 'use_sliding_window' is true; sliding-window attention is not supported")
-        theta, scaling = _rope(cfg, source)
+        theta, scaling = _rope(cfg, read, source)
         is_qwen2 = arch == "Qwen2ForCausalLM"
-        bias = is_qwen2 or bool(cfg.get("attention_bias", False))
+        bias = is_qwen2 or read.flag("attention_bias")
+        hidden = read.integer("hidden_size")
+        head_dim = read.integer("head_dim", default=hidden // heads)
+        if head_dim < 1:
+            raise ValueError(f"{source}: field 'hidden_size' ({hidden}) is smaller than num_attention_heads ({heads})")
         return cls(
             architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            vocab_size=read.integer("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=read.integer("intermediate_size"),
+            num_hidden_layers=read.integer("num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            head_dim=head_dim,
+            max_position_embeddings=read.integer("max_position_embeddings", default=2048),
+            rms_norm_eps=read.number("rms_norm_eps", default=1e-6),
             rope_theta=theta,
             rope_scaling=scaling,
             attention_bias=bias,
             o_proj_bias=bias and not is_qwen2,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mlp_bias=read.flag("mlp_bias"),
             qk_norm=arch == "Qwen3ForCausalLM",
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
-            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            tie_word_embeddings=read.flag("tie_word_embeddings"),
+            bos_token_id=read.integer("bos_token_id", default=None, minimum=0),
+            eos_token_ids=read.token_ids("eos_token_id"),
+            torch_dtype=read.string("torch_dtype", default=None) or read.string("dtype", default="float32"),
         )
+
+    @staticmethod
+    def token_ids_field(cfg: dict, name: str, source: str) -> tuple[int, ...]:
+        """A token id or a list of them, as config.json and generation_config.json write EOS ids."""
+        return _Reader(cfg, source).token_ids(name)
 
     @classmethod
     def from_file(cls, path: Path) -> ModelConfig:
-        try:
-            cfg = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: config.json is missing") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(cfg, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return cls.from_dict(cfg, source=str(path))
+        return cls.from_dict(read_json_object(Path(path), "config.json"), source=str(path))
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON file that must hold an object; every way it is not one is a ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: {what} is missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: {what} cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+_REQUIRED = object()  # a field with no default
+
+
+class _Reader:
+    """Typed reads of config.json fields: JSON null counts as absent; a wrong type or sign names the field."""
+
+    def __init__(self, cfg: dict, source: str):
+        self.cfg, self.source = cfg, source
+
+    def _get(self, name: str, default):
+        value = self.cfg.get(name)
+        if value is None and default is _REQUIRED:
+            raise ValueError(f"{self.source}: field '{name}' is missing")
+        return value
+
+    def _fail(self, name: str, wanted: str):
+        return ValueError(f"{self.source}: field '{name}' must be {wanted}, got {self.cfg[name]!r}")
+
+    def integer(self, name: str, default=_REQUIRED, minimum: int = 1):
+        value = self._get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self._fail(name, "a positive integer" if minimum == 1 else f"an integer >= {minimum}")
+        return value
+
+    def number(self, name: str, default) -> float:
+        value = self._get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise self._fail(name, "a positive number")
+        return float(value)
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        value = self._get(name, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._fail(name, "true or false")
+        return value
+
+    def string(self, name: str, default):
+        value = self._get(name, default)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(name, "a string")
+        return value
+
+    def token_ids(self, name: str) -> tuple[int, ...]:
+        """A token id or a list of them (Llama 3 lists several EOS ids)."""
+        value = self._get(name, ())
+        values = () if value is None else [value] if not isinstance(value, list) else value
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+            raise self._fail(name, "a token id or a list of token ids (integers >= 0)")
+        return tuple(values)
 
 
 def _architecture(cfg: dict, source: str) -> str:
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"{source}: field 'architectures' must be a list of class names, got {archs!r}")
     if not archs:
         by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
         if cfg.get("model_type") in by_type:
@@ -122,24 +202,20 @@ def _architecture(cfg: dict, source: str) -> str:
     return archs[0]
 
 
-def _rope(cfg: dict, source: str) -> tuple[float, dict | None]:
+def _rope(cfg: dict, read: _Reader, source: str) -> tuple[float, dict | None]:
     """Return (rope_theta, scaling) from either the old or the transformers-5 keys."""
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    key = "rope_parameters" if cfg.get("rope_parameters") is not None else "rope_scaling"
+    params = cfg.get(key) or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{source}: field '{key}' must be an object, got {params!r}")
+    scaling = _Reader(params, f"{source} ({key})")
+    theta = scaling.number("rope_theta", default=None) or read.number("rope_theta", default=10000.0)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"{source}: field 'rope_type' is {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
     if rope_type == "default":
         return theta, None
-    missing = [k for k in _LLAMA3_FIELDS if k not in params]
+    missing = [k for k in _LLAMA3_FIELDS if params.get(k) is None]
     if missing:
         raise ValueError(f"{source}: llama3 rope scaling needs field '{missing[0]}'")
-    return theta, {"rope_type": "llama3", **{k: float(params[k]) for k in _LLAMA3_FIELDS}}
-
-
-def _as_tuple(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    return theta, {"rope_type": "llama3", **{k: scaling.number(k, default=None) for k in _LLAMA3_FIELDS}}

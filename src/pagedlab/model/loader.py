@@ -14,7 +14,6 @@ and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,9 +21,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pagedlab.model.config import ModelConfig
+from pagedlab.model.config import ModelConfig, read_json_object
 from pagedlab.model.llama import CausalLM
 from pagedlab.model.tokenizer import Tokenizer
+from pagedlab.validation import check_memory
 
 BUNDLED_MODEL = "tiny-shakespeare"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -45,20 +45,28 @@ def bundled_model_path() -> Path:
 
 
 def resolve_model_path(model: str | Path) -> Path:
+    if not isinstance(model, (str, Path)) or not str(model):
+        raise ValueError(f"model: expected {BUNDLED_MODEL!r} or the path of a Hugging Face folder, got {model!r}")
     if str(model) == BUNDLED_MODEL:
         return bundled_model_path()
     path = Path(model)
     if not path.is_dir():
-        raise ValueError(f"model: {model!r} is neither {BUNDLED_MODEL!r} nor a folder")
+        raise ValueError(f"model: {str(model)!r} is neither {BUNDLED_MODEL!r} nor a folder")
     return path
+
+
+def load_model_config(model: str | Path = BUNDLED_MODEL) -> tuple[Path, ModelConfig]:
+    """The folder and its parsed config.json (with generation_config.json's EOS ids): cheap, no weights read."""
+    path = resolve_model_path(model)
+    cfg = ModelConfig.from_file(path / "config.json")
+    return path, _with_generation_eos(cfg, path)
 
 
 def load_model(
     model: str | Path = BUNDLED_MODEL, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> LoadedModel:
-    path = resolve_model_path(model)
-    cfg = ModelConfig.from_file(path / "config.json")
-    cfg = _with_generation_eos(cfg, path)
+    path, cfg = load_model_config(model)
+    check_memory({"config.json": (cfg.num_parameters * dtype.itemsize, "the weights")}, device)
     module = CausalLM(cfg)
     # strict=False: a tied LM head has no tensor of its own; names were checked by _read_weights
     module.load_state_dict(_read_weights(path, module), strict=False)
@@ -80,21 +88,7 @@ def _read_weights(path: Path, module: CausalLM) -> dict[str, torch.Tensor]:
         expected.pop("lm_head.weight")
     weights: dict[str, torch.Tensor] = {}
     for file, names in _weight_files(path).items():
-        with safe_open(str(file), framework="pt") as f:
-            for name in names if names is not None else f.keys():
-                if name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and name not in expected):
-                    continue
-                if name not in expected:
-                    raise ValueError(f"{file.name}: unexpected tensor '{name}' for {module.config.architecture}")
-                if name not in f.keys():
-                    raise ValueError(f"{file.name}: tensor '{name}' listed in the index is missing")
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(expected[name]):
-                    raise ValueError(
-                        f"{file.name}: tensor '{name}' has shape {tuple(tensor.shape)}, "
-                        f"config.json implies {tuple(expected[name])}"
-                    )
-                weights[name] = tensor
+        weights |= _read_file(file, names, expected, module.config.architecture)
     missing = sorted(set(expected) - set(weights))
     if missing:
         raise ValueError(
@@ -103,21 +97,39 @@ def _read_weights(path: Path, module: CausalLM) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _read_file(file: Path, names: list[str] | None, expected: dict, architecture: str) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file (those `names`, or all); an unreadable file names itself."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {
+                name: _read_tensor(f, file, name, expected, architecture)
+                for name in names or f.keys()
+                if not name.endswith(_IGNORED_SUFFIXES) and (name != "lm_head.weight" or name in expected)
+            }
+    except ValueError:
+        raise
+    except Exception as e:  # safetensors raises its own SafetensorError (a bare Exception), or OSError
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+
+
+def _read_tensor(f, file: Path, name: str, expected: dict, architecture: str) -> torch.Tensor:
+    if name not in expected:
+        raise ValueError(f"{file.name}: unexpected tensor '{name}' for {architecture}")
+    if name not in f.keys():
+        raise ValueError(f"{file.name}: tensor '{name}' listed in the index is missing")
+    tensor = f.get_tensor(name)
+    if tuple(tensor.shape) != tuple(expected[name]):
+        raise ValueError(
+            f"{file.name}: tensor '{name}' has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name])}"
+        )
+    return tensor
+
+
 def _weight_files(path: Path) -> dict[Path, list[str] | None]:
     """{file: tensor names to read (None = all)}, from model.safetensors or a sharded index."""
     index = path / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{index}: field 'weight_map' is missing or not valid JSON") from None
-        files: dict[Path, list[str] | None] = {}
-        for name, shard in weight_map.items():
-            files.setdefault(path / shard, []).append(name)
-        for shard in files:
-            if not shard.exists():
-                raise ValueError(f"{index}: shard '{shard.name}' named in 'weight_map' is missing")
-        return files
+        return _shards(path, index)
     single = path / "model.safetensors"
     if single.exists():
         return {single: None}
@@ -131,15 +143,33 @@ def _weight_files(path: Path) -> dict[Path, list[str] | None]:
     raise ValueError(f"{path}: model.safetensors is missing")
 
 
+def _shards(path: Path, index: Path) -> dict[Path, list[str]]:
+    """The index's weight_map, {tensor name: shard file name}, grouped by shard; every shard inside the folder."""
+    weight_map = read_json_object(index, "model.safetensors.index.json").get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ValueError(f"{index}: field 'weight_map' must be an object of tensor name -> shard file name")
+    files: dict[Path, list[str]] = {}
+    for name, shard in weight_map.items():
+        files.setdefault(_shard_path(path, index, shard), []).append(name)
+    return files
+
+
+def _shard_path(path: Path, index: Path, shard: str) -> Path:
+    """A shard named by the index: a file of this folder, never an absolute path or one that climbs out."""
+    file = path / shard
+    inside = not Path(shard).is_absolute() and file.resolve().is_relative_to(path.resolve())
+    if not inside:
+        raise ValueError(f"{index}: shard '{shard}' named in 'weight_map' is outside the model folder")
+    if not file.is_file():
+        raise ValueError(f"{index}: shard '{shard}' named in 'weight_map' is missing")
+    return file
+
+
 def _with_generation_eos(cfg: ModelConfig, path: Path) -> ModelConfig:
     """generation_config.json may list more EOS ids than config.json (Llama 3 does)."""
     gen = path / "generation_config.json"
     if not gen.exists():
         return cfg
-    try:
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{gen}: not valid JSON ({e})") from None
-    extra = (eos,) if isinstance(eos, int) else tuple(eos or ())
+    extra = ModelConfig.token_ids_field(read_json_object(gen, "generation_config.json"), "eos_token_id", str(gen))
     merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
     return dataclasses.replace(cfg, eos_token_ids=merged)

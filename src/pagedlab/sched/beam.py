@@ -26,6 +26,17 @@ from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 
 
+def beam_request_id(request_id: str, k: int) -> str:
+    """The id of beam k of search `request_id`; ids of this shape are reserved while the search runs."""
+    return f"{request_id}-beam{k}"
+
+
+def is_beam_id(request_id: str, search_id: str) -> bool:
+    """Whether `request_id` has the shape of a beam id of search `search_id` ("{search_id}-beam{k}")."""
+    prefix = f"{search_id}-beam"
+    return request_id.startswith(prefix) and request_id[len(prefix) :].isdigit()
+
+
 @dataclass
 class BeamGroup:
     """A beam search in flight. Invariant: len(live) <= beam_width; live is in rank order."""
@@ -49,7 +60,7 @@ class BeamGroup:
         k = 2 * params.beam_width
         sampling = SamplingParams(temperature=0.0, max_tokens=max_steps, ignore_eos=True, logprobs=k)
         first = Request(
-            f"{request_id}-beam0",
+            beam_request_id(request_id, 0),
             token_ids,
             sampling,
             max_steps,
@@ -106,7 +117,7 @@ class BeamGroup:
 
     def _clone(self, beam: Request) -> Request:
         child = Request(
-            f"{self.request_id}-beam{self.num_beams_made}",
+            beam_request_id(self.request_id, self.num_beams_made),
             beam.prompt_token_ids,
             beam.sampling_params,
             beam.max_tokens,

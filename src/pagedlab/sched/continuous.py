@@ -19,6 +19,7 @@ so one batch mixes them. A preempted request frees its blocks and starts over
 
 from __future__ import annotations
 
+from pagedlab.errors import InvariantError, check
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.beam import BeamGroup
 from pagedlab.sched.cow import CowScheduler
@@ -67,7 +68,8 @@ class ContinuousScheduler(CowScheduler):
         if not self._preempted_now:
             self._schedule_waiting(out)
         out.block_copies = self.kv.take_block_copies()
-        assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens, "token budget exceeded"
+        if out.total_num_scheduled_tokens > self.config.max_num_batched_tokens:
+            raise InvariantError(f"{out.total_num_scheduled_tokens} tokens scheduled: the token budget is exceeded")
         return out
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
@@ -132,11 +134,14 @@ class ContinuousScheduler(CowScheduler):
                 out.swap_in += self.kv.swap_in(request)
             else:
                 request.num_computed_tokens = self.kv.take_hits(request, hits)
+                if request.num_cached_tokens is None:  # as vLLM, the hits of its first admission
+                    request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.RUNNING
             self.running.append(request)
         for request, _, num_new in plan:
             if num_new:
-                assert self.kv.allocate_slots(request, num_new) is not None, "checked above"
+                if self.kv.allocate_slots(request, num_new) is None:
+                    raise InvariantError(f"{request.request_id}: no room although the group's blocks were counted")
                 self._record(request, num_new, out)
         return True
 
@@ -211,7 +216,8 @@ class ContinuousScheduler(CowScheduler):
         return bool(self.waiting) or bool(self.running)
 
     def check_invariants(self) -> None:
-        assert self._num_seats() <= self.config.max_num_seqs, "seats exceed max_num_seqs"
-        assert all(r.status == RequestStatus.RUNNING for r in self.running)
-        assert all(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in self.waiting)
+        check(self._num_seats() <= self.config.max_num_seqs, "seats exceed max_num_seqs")
+        check(all(r.status == RequestStatus.RUNNING for r in self.running), "a running request is not RUNNING")
+        waiting = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        check(all(r.status in waiting for r in self.waiting), "a waiting request is neither WAITING nor PREEMPTED")
         self.kv.check_invariants()

@@ -5,7 +5,9 @@ Read with: chapters/05-continuous-batching.md.
 
 An entry is a group: a request, the n children of an n > 1 request, or the
 beams of a beam search, which are admitted and preempted as one unit.
-Iterating the queue yields requests, in queue order.
+Iterating the queue yields requests, in queue order. Each entry is the queue's
+own list: removing an aborted request from it never touches the group as the
+engine or the scheduler hold it.
 vLLM: vllm/v1/core/sched/request_queue.py (FCFSRequestQueue, PriorityRequestQueue).
 """
 
@@ -24,11 +26,11 @@ class FCFSQueue:
     def __init__(self):
         self._groups: deque[list[Request]] = deque()
 
-    def add(self, group: list[Request]) -> None:
-        self._groups.append(group)
+    def add(self, group) -> None:
+        self._groups.append(list(group))
 
-    def add_preempted(self, group: list[Request]) -> None:
-        self._groups.appendleft(group)
+    def add_preempted(self, group) -> None:
+        self._groups.appendleft(list(group))
 
     def peek(self) -> list[Request]:
         return self._groups[0]
@@ -55,39 +57,40 @@ class FCFSQueue:
 
 
 class PriorityQueue(FCFSQueue):
-    """Lowest (priority, arrival_time) first; ties keep insertion order. A preempted group is re-queued
-    by the same key, so it runs again as soon as nothing more urgent waits."""
+    """Lowest (priority, arrival_time, request id) first, vLLM's request order (`Request.__lt__`); a group
+    is ordered by its user request id. A preempted group is re-queued by the same key, so it runs again as
+    soon as nothing more urgent waits."""
 
     def __init__(self):
-        self._heap: list = []  # (priority, arrival_time, seq, group)
-        self._seq = itertools.count()
+        self._heap: list = []  # (priority, arrival_time, group id, seq, group)
+        self._seq = itertools.count()  # last tie-break (vLLM: id()), so groups themselves are never compared
 
-    def add(self, group: list[Request]) -> None:
+    def add(self, group) -> None:
         first = group[0]
-        heapq.heappush(self._heap, (first.priority, first.arrival_time, next(self._seq), group))
+        heapq.heappush(self._heap, (first.priority, first.arrival_time, first.group_id, next(self._seq), list(group)))
 
     add_preempted = add
 
     def peek(self) -> list[Request]:
-        return self._heap[0][3]
+        return self._heap[0][-1]
 
     def pop(self) -> list[Request]:
-        return heapq.heappop(self._heap)[3]
+        return heapq.heappop(self._heap)[-1]
 
     def remove(self, request: Request) -> None:
         for i, entry in enumerate(self._heap):
-            if request in entry[3]:
-                entry[3].remove(request)
-                if not entry[3]:
+            if request in entry[-1]:
+                entry[-1].remove(request)
+                if not entry[-1]:
                     self._heap.pop(i)
                     heapq.heapify(self._heap)
                 return
 
     def __iter__(self):
-        return (r for *_, group in sorted(self._heap, key=lambda e: e[:3]) for r in group)
+        return (r for *_, group in sorted(self._heap, key=lambda e: e[:-1]) for r in group)
 
     def __contains__(self, request: Request) -> bool:
-        return any(request in entry[3] for entry in self._heap)
+        return any(request in entry[-1] for entry in self._heap)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -20,18 +20,20 @@ from __future__ import annotations
 from collections import deque
 
 from pagedlab.config import EngineConfig
+from pagedlab.errors import InvariantError, check
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
 
 
 def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
-    """vLLM's stop rules, in vLLM's order: length first, then EOS, then stop token ids."""
-    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
+    """vLLM's stop rules in its current order (vllm/v1/core/sched/utils.py): EOS, then stop token ids,
+    then length. So an EOS sampled as the last allowed token finishes with "stop", not "length"."""
     last = request.all_token_ids[-1]
     params = request.sampling_params
     if (not params.ignore_eos and last in request.eos_token_ids) or last in params.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= request.max_tokens or request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
 
 
@@ -86,7 +88,8 @@ class StaticScheduler:
         return out
 
     def _schedule_request(self, request: Request, num_new: int, out: SchedulerOutput) -> None:
-        assert self.kv.allocate_slots(request, num_new) is not None, "worst-case admission guarantees room"
+        if self.kv.allocate_slots(request, num_new) is None:
+            raise InvariantError(f"{request.request_id}: no room although worst-case admission guarantees it")
         update = self.kv.table_update(request)
         if update is not None:
             out.new_block_ids[request.request_id] = update
@@ -117,6 +120,8 @@ class StaticScheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         request.num_computed_tokens = self._prefix_hit_tokens(request)
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = request.num_computed_tokens
 
     def _prefix_hit_tokens(self, request: Request) -> int:
         """Tokens whose K/V the prefix cache already holds (stage 4); 0 before."""
@@ -182,7 +187,7 @@ class StaticScheduler:
         self.finished_req_ids.add(request.request_id)
 
     def check_invariants(self) -> None:
-        assert len(self.running) <= self.config.max_num_seqs, "running exceeds max_num_seqs"
-        assert all(r.status == RequestStatus.RUNNING for r in self.running)
-        assert all(r.status == RequestStatus.WAITING for r in self.waiting)
+        check(len(self.running) <= self.config.max_num_seqs, "running exceeds max_num_seqs")
+        check(all(r.status == RequestStatus.RUNNING for r in self.running), "a running request is not RUNNING")
+        check(all(r.status == RequestStatus.WAITING for r in self.waiting), "a waiting request is not WAITING")
         self.kv.check_invariants()
