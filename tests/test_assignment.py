@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pagedlab
-from pagedlab import assignment
+from pagedlab.tools import assignment
 
 SRC = Path(pagedlab.__file__).parent
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from pagedlab.cli import main
 from pagedlab.config import STAGE_NAMES
 from pagedlab.stages import default_stage
+from pagedlab.tools.cli import main
 
 TOP = f"{default_stage()} ({STAGE_NAMES[default_stage()]})"  # the default stage
 
@@ -71,7 +71,7 @@ def test_demo_live_view_draws_queues_and_kv(capsys):
 
 
 def test_block_ranges_abbreviates_runs():
-    from pagedlab.demo import block_ranges
+    from pagedlab.tools.demo import block_ranges
 
     assert block_ranges(list(range(64))) == "0-63"
     assert block_ranges([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"

@@ -5,7 +5,8 @@ import shutil
 import pytest
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
-from pagedlab.figures import (
+from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+from pagedlab.lessons import (
     BEAM_PARAMS,
     COW_BLOCK_SIZE,
     beam_tree_tables,
@@ -13,10 +14,9 @@ from pagedlab.figures import (
     fig_03_beam_tree,
     fig_03_cow_before_after,
 )
-from pagedlab.graphs import _node_id, beam_block_tree, block_sharing_graph, hash_chain_tree, live_tables, short_hash
-from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.request import Request
 from pagedlab.viz import CACHED, SHARED, USED
+from pagedlab.viz.graphs import _node_id, beam_block_tree, block_sharing_graph, hash_chain_tree, live_tables, short_hash
 
 pytestmark = pytest.mark.stage3
 

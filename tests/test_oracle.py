@@ -5,7 +5,7 @@ import torch
 
 from pagedlab import BeamSearchParams, SamplingParams, oracle
 from pagedlab.outputs import beam_score
-from pagedlab.sampling import sample
+from pagedlab.worker.sampling import sample
 
 PROMPT = [3, 14, 15, 9, 26, 5]
 

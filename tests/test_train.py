@@ -1,7 +1,7 @@
 """`pagedlab train-tiny`: the recipe runs end to end and its output loads (a few steps only)."""
 
 from pagedlab import load_model, oracle
-from pagedlab.train import TrainConfig, speeches, train_tiny
+from pagedlab.tools.train import TrainConfig, speeches, train_tiny
 
 
 def test_speeches_split_on_blank_lines():

@@ -6,8 +6,8 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from pagedlab import LLM, SamplingParams, viz
-from pagedlab.figures import FIGURES, make_figures
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
+from pagedlab.lessons import FIGURES, make_figures
 
 MAX_TOKENS = [2, 4, 3]  # with max_num_seqs=2: batch 1 = requests 0 and 1 (4 steps), batch 2 = request 2 (3 steps)
 
@@ -406,7 +406,7 @@ def test_swapped_block_ids_read_the_swap_pool():
 @pytest.mark.stage5
 @pytest.mark.parametrize("mode, mark", [("recompute", "*"), ("swap", "~")])
 def test_demo_marks_preempted_requests_in_the_waiting_queue(mode, mark):
-    from pagedlab.demo import waiting_labels
+    from pagedlab.tools.demo import waiting_labels
 
     llm = LLM(
         stage=5, block_size=4, num_kv_blocks=5, max_num_batched_tokens=64, preemption_mode=mode, record_trace=True

@@ -4,7 +4,7 @@ Start with `pagedlab demo` (the CLI) or `from pagedlab import LLM, SamplingParam
 """
 
 from pagedlab.config import EngineConfig
-from pagedlab.engine import LLMEngine
+from pagedlab.engine.engine import LLMEngine
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL, LoadedModel, load_model
 from pagedlab.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, RequestOutput

@@ -1,3 +1,3 @@
-from pagedlab.cli import main
+from pagedlab.tools.cli import main
 
 main()

@@ -1,6 +1,6 @@
 """Stage 1: `LLM`, the offline API (vLLM's `LLM.generate`, same arguments, same return shape).
 
-Builds on: engine.py, config.py, model/loader.py.
+Builds on: engine/engine.py, config.py, model/loader.py.
 Read with: chapters/01-contiguous-static.md.
 
     llm = LLM(stage="contiguous", block_size=16)
@@ -16,12 +16,12 @@ import torch
 from tqdm import tqdm
 
 from pagedlab.config import EngineConfig, parse_stage
-from pagedlab.engine import LLMEngine
+from pagedlab.engine.engine import LLMEngine
+from pagedlab.engine.validation import check_engine_memory
 from pagedlab.model.loader import BUNDLED_MODEL, load_model, load_model_config
 from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.sampling_params import BeamSearchParams
 from pagedlab.stages import default_stage
-from pagedlab.validation import check_engine_memory
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -1,6 +1,6 @@
 """Foundation: the no-cache oracle every stage is checked against.
 
-Builds on: model/llama.py, attention/base.py (NoCacheAttention), sampling.py.
+Builds on: model/llama.py, attention/base.py (NoCacheAttention), worker/sampling.py.
 Read with: chapters/00-overview.md.
 
 The oracle keeps no KV cache at all: to choose output token i it runs the
@@ -24,8 +24,8 @@ import torch
 from pagedlab.attention.base import NoCacheAttention
 from pagedlab.model.llama import CausalLM
 from pagedlab.outputs import BeamSearchSequence, beam_score
-from pagedlab.sampling import sample
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.worker.sampling import sample
 
 
 @dataclass

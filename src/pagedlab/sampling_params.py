@@ -7,7 +7,7 @@ The defaults are vLLM's, field for field, so a script moves between pagedlab
 and vLLM unchanged. Invalid values are a ValueError naming the field, raised
 when the params are built, long before a request reaches the engine; the checks
 that need the model (stop token ids inside the vocabulary, logprobs within
-`max_logprobs`) are the engine's, at `add_request` (validation.py).
+`max_logprobs`) are the engine's, at `add_request` (engine/validation.py).
 
 Temperature follows vLLM's thresholds: below 1e-5 is greedy (argmax), and a
 positive value below 1e-2 is raised to 1e-2 with a warning, since dividing the

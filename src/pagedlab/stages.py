@@ -110,7 +110,7 @@ STAGES: dict[int, StagePreset] = {
         STAGE_NAMES[6],
         SwappingKVCacheManager,
         ContinuousScheduler,
-        PagedAttention,  # the fallback; attention_backend="triton" swaps in attention/triton_backend.py
+        PagedAttention,  # the fallback; attention_backend="triton" swaps in attention/triton/backend.py
         "Parity, and speed on a GPU?",
         (
             "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2)",
@@ -124,7 +124,7 @@ STAGES: dict[int, StagePreset] = {
 def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: int, head_dim: int):
     """The preset's torch backend, or the Triton one (imported only now) when the config resolved to it."""
     if config.attention_backend == "triton":
-        from pagedlab.attention.triton_backend import TritonAttention
+        from pagedlab.attention.triton.backend import TritonAttention
 
         return TritonAttention(kv_cache, num_queries_per_kv, head_dim)
     return preset.attention(kv_cache, num_queries_per_kv, head_dim)

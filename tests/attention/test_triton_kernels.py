@@ -60,7 +60,7 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_paged_decode_matches_torch(block_size, num_heads, num_kv_heads, dtype, version):
     need_triton()
-    from pagedlab.attention.triton_decode import paged_decode
+    from pagedlab.attention.triton.decode import paged_decode
 
     seq_lens = [37, 5, 16, 50]  # ends mid-block, short, exactly one block, several partitions
     q, kc, vc, table, lens, qsl = paged_case(seq_lens, [1] * 4, block_size, num_heads, num_kv_heads, dtype)
@@ -88,7 +88,7 @@ def test_paged_decode_matches_torch(block_size, num_heads, num_kv_heads, dtype, 
 
 def test_the_launcher_picks_v1_or_v2_as_vllm_does():
     need_triton()
-    from pagedlab.attention.triton_decode import use_v1
+    from pagedlab.attention.triton.decode import use_v1
 
     assert use_v1(max_seq_len=512, num_reqs=1, num_heads=8, partition_size=512)  # one partition
     assert not use_v1(max_seq_len=4096, num_reqs=2, num_heads=8, partition_size=512)  # long, few programs
@@ -101,7 +101,7 @@ def test_the_launcher_picks_v1_or_v2_as_vllm_does():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_paged_prefill_over_a_cached_prefix_matches_torch(block_size, num_heads, num_kv_heads, dtype):
     need_triton()
-    from pagedlab.attention.triton_prefill import paged_prefill
+    from pagedlab.attention.triton.prefill import paged_prefill
 
     # request 0: a whole prompt of 21; request 1: a chunk of 7 after 30 cached tokens; request 2: 17 after 1
     seq_lens, q_lens = [21, 37, 18], [21, 7, 17]
@@ -118,7 +118,7 @@ def test_paged_prefill_over_a_cached_prefix_matches_torch(block_size, num_heads,
 def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
     need_triton()
     from pagedlab.attention.contiguous import store_kv as torch_store_kv
-    from pagedlab.attention.triton_store import store_kv
+    from pagedlab.attention.triton.store import store_kv
 
     g = torch.Generator().manual_seed(2)
     k, v = torch.randn(2, 9, 2, D, generator=g)
@@ -133,7 +133,7 @@ def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
 
 def test_store_kv_skips_padding_slots():
     need_triton()
-    from pagedlab.attention.triton_store import store_kv
+    from pagedlab.attention.triton.store import store_kv
 
     kc, vc = torch.zeros(2, 4, 1, D, device=DEVICE), torch.zeros(2, 4, 1, D, device=DEVICE)
     k = torch.ones(3, 1, D, device=DEVICE)

@@ -11,7 +11,7 @@ from pagedlab import bench
 from pagedlab.bench.kv_spaces import FirstFitAllocator, make_space
 from pagedlab.bench.memory import NUM_REQUESTS, SHARES, StepCounts, memory_rows, run_memory, simulate
 from pagedlab.bench.workloads import WORKLOADS, RequestSpec, sample_requests
-from pagedlab.cli import main
+from pagedlab.tools.cli import main
 
 REQUIRED_FIELDS = (
     "system",

@@ -10,7 +10,7 @@ from pagedlab import bench
 from pagedlab.bench.prefix import corpus_token_ids, make_llm, prefix_rows, run_prefix
 from pagedlab.bench.prefix_report import save_prefix_figure
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, shared_prefix_requests
-from pagedlab.cli import main
+from pagedlab.tools.cli import main
 
 pytestmark = pytest.mark.stage4
 

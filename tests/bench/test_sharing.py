@@ -18,7 +18,7 @@ from pagedlab.bench.sharing import (
 )
 from pagedlab.bench.sharing_report import plot_sharing, save_sharing_figure
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
-from pagedlab.cli import main
+from pagedlab.tools.cli import main
 
 pytestmark = pytest.mark.stage3
 

@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench kernel`, the stage-6 Triton kernels against the torch reference.
 
-Builds on: bench/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton_decode.py,
-attention/triton_prefill.py, attention/paged.py (the torch reference).
+Builds on: bench/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton/decode.py,
+attention/triton/prefill.py, attention/paged.py (the torch reference).
 Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
 
 One decode step of B requests, each with a context of L tokens in a paged cache with shuffled block tables:
@@ -43,7 +43,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 PREFILL_CHUNK = 512  # new tokens per request in the prefill rows (at most the context)
 CPU_BATCHES, CPU_CONTEXTS, CPU_PREFILL_CHUNK = (2,), (37,), 16  # 37 ends mid-block: the masks matter
 IMPLS = ("torch", "triton-v1", "triton-v2", "sdpa", "triton-prefill")  # the order of each configuration's rows
-KERNEL_MODULES = ("pagedlab.attention.triton_decode", "pagedlab.attention.triton_prefill")
+KERNEL_MODULES = ("pagedlab.attention.triton.decode", "pagedlab.attention.triton.prefill")
 # Vendor spec sheets, GB/s; the first name contained in torch.cuda.get_device_name() wins (order matters).
 # fmt: off
 PEAK_GBPS = (
@@ -133,7 +133,7 @@ def failed(e: Exception) -> dict:
 @torch.inference_mode()
 def config_rows(case: PagedCase, chunk: int, common: dict) -> list[dict]:
     """The rows of one (batch, context, dtype): decode through every impl, then one prefill chunk of `chunk`."""
-    from pagedlab.attention.triton_decode import use_v1
+    from pagedlab.attention.triton.decode import use_v1
 
     s, batch, ctx, mode = case.shape, common["batch"], common["context_len"], common["mode"]
     dtype = case.kv_cache.dtype

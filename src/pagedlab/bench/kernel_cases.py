@@ -1,6 +1,6 @@
 """Benchmarks: the cases `pagedlab bench kernel` runs, a random paged cache and every impl as a call over it.
 
-Builds on: attention/triton_decode.py, attention/triton_prefill.py, attention/paged.py (the torch reference).
+Builds on: attention/triton/decode.py, attention/triton/prefill.py, attention/paged.py (the torch reference).
 Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
 
 A case is B requests of L tokens each in a paged cache whose block tables are
@@ -120,7 +120,7 @@ def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:
     import torch.nn.functional as F
 
     from pagedlab.attention.paged import PagedAttention
-    from pagedlab.attention.triton_decode import paged_decode
+    from pagedlab.attention.triton.decode import paged_decode
 
     s, meta, ctx = case.shape, decode_metadata(case), case.context_len
     scale, rows = s.head_dim**-0.5, meta.decode_rows
@@ -154,7 +154,7 @@ def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:
 
 def prefill_impl(case: PagedCase, q: torch.Tensor, chunk: int):
     """paged_prefill of a chunk of `chunk` new queries at the end of each request's context."""
-    from pagedlab.attention.triton_prefill import paged_prefill
+    from pagedlab.attention.triton.prefill import paged_prefill
 
     b, dev, s = case.block_table.shape[0], q.device, case.shape
     qsl = torch.arange(b + 1, device=dev) * chunk

@@ -75,7 +75,7 @@ class ServeResult:
 
 def corpus_token_ids(tokenizer, num_chars: int = CORPUS_CHARS) -> list[int]:
     """The corpus's first `num_chars` characters as the tokenizer encodes a prompt (with its <bos>, if any)."""
-    from pagedlab.train import corpus_path
+    from pagedlab.tools.train import corpus_path
 
     return tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:num_chars])
 

@@ -53,7 +53,7 @@ from pagedlab.errors import check
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
-    from pagedlab.engine import LLMEngine
+    from pagedlab.engine.engine import LLMEngine
 
 STAGE = 3  # fork and copy-on-write arrive with stage 3 (`cow`), which batches statically
 MODES = ("parallel", "beam")
@@ -183,7 +183,7 @@ def corpus_token_ids() -> list[int]:
     """The bundled corpus as the bundled tokenizer encodes it (<bos> first)."""
     from pagedlab.model.loader import bundled_model_path
     from pagedlab.model.tokenizer import Tokenizer
-    from pagedlab.train import corpus_path
+    from pagedlab.tools.train import corpus_path
 
     tokenizer = Tokenizer.from_file(bundled_model_path() / "tokenizer.json")
     return tokenizer.encode(corpus_path().read_text(encoding="utf-8"))

@@ -118,7 +118,7 @@ class Served:
 
 def make_stream(tokenizer, num_requests: int = NUM_REQUESTS, length_scale: float = LENGTH_SCALE, seed: int = 0):
     """Seeded ShareGPT-like lengths, scaled by `length_scale`, with prompts cut from the corpus after a <bos>."""
-    from pagedlab.train import corpus_path
+    from pagedlab.tools.train import corpus_path
 
     specs = sample_requests(WORKLOAD, num_requests, seed=seed, max_model_len=PAPER_MAX_MODEL_LEN)
     corpus = tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:CORPUS_CHARS])  # <bos> first

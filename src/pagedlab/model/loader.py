@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from pagedlab.engine.validation import check_memory
 from pagedlab.model.config import ModelConfig, read_json_object
 from pagedlab.model.llama import CausalLM
 from pagedlab.model.tokenizer import Tokenizer
-from pagedlab.validation import check_memory
 
 BUNDLED_MODEL = "tiny-shakespeare"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -1,6 +1,6 @@
 """Stage 2: block tables and the pool of physical blocks they point into, in one step of the trace.
 
-Builds on: viz/palette.py (the colours), stats.py (`StepTrace.block_tables`, `kv_used`); optionally
+Builds on: viz/palette.py (the colours), engine/stats.py (`StepTrace.block_tables`, `kv_used`); optionally
 kv/prefix.py (stage 4: `cached_block_ids`, `prefix_hit_blocks`) and kv/swap.py (stage 5: `swapped_block_ids`).
 Read with: chapters/02-paged-blocks.md, chapters/04-prefix-caching.md (cache hits and cached-but-free blocks),
 chapters/05-continuous-batching.md (the CPU swap pool).
@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import ConnectionPatch, Patch, Rectangle
 
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
 from pagedlab.viz.palette import CACHED, FREE, SHARED, SWAPPED, _text_colour, request_colour
 
 

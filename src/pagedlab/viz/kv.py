@@ -1,6 +1,6 @@
 """Stage 1: the KV cache step by step: slots filled vs held, the pool's slots and blocks, the batch timeline.
 
-Builds on: viz/palette.py (the colours, `request_order`), stats.py (`StepTrace`), viz/schedule.py
+Builds on: viz/palette.py (the colours, `request_order`), engine/stats.py (`StepTrace`), viz/schedule.py
 (`preemption_events`, for the stage-5 marks in `plot_kv_over_steps`).
 Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md (pool occupancy).
 
@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
 from pagedlab.viz.palette import (
     DECODE,
     FINISHED,

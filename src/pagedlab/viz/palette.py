@@ -1,6 +1,6 @@
 """Stage 1: the one palette of every drawing, the request colours and order, and helpers the drawings share.
 
-Builds on: stats.py (`StepTrace`, recorded by `LLM(..., record_trace=True)` into `llm.engine.trace`).
+Builds on: engine/stats.py (`StepTrace`, recorded by `LLM(..., record_trace=True)` into `llm.engine.trace`).
 Read with: chapters/01-contiguous-static.md.
 
 Every drawing in every chapter uses one palette, so a colour means one thing throughout:
@@ -24,7 +24,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.colors import to_rgba
 
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
 
 
 def _use_agg_without_display() -> None:

@@ -1,6 +1,6 @@
 """Stage 5: a continuous batching schedule: request states, the Gantt chart, tokens per step, preemptions.
 
-Builds on: viz/palette.py (the colours, `request_order`, `_spans`), stats.py (`StepTrace`),
+Builds on: viz/palette.py (the colours, `request_order`, `_spans`), engine/stats.py (`StepTrace`),
 sched/continuous.py (what the trace records: chunks, preemption by recompute or swap).
 Read with: chapters/05-continuous-batching.md.
 
@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
 from pagedlab.viz.palette import (
     DECODE,
     FINISHED,

@@ -1,6 +1,6 @@
 """Stage 4: the figures of prefix caching: the cache as a tree of chained hashes, and block tables with hits.
 
-Builds on: figures/common.py (the savers), graphs.py (hash_chain_tree), viz/ (block tables, cached blocks).
+Builds on: lessons/common.py (the savers), viz/graphs.py (hash_chain_tree), viz/ (block tables, cached blocks).
 Read with: chapters/04-prefix-caching.md.
 
 Two static batches of two in a pool of 11 blocks of 4: A and B, then C (A's whole prompt and more), D (the
@@ -14,11 +14,12 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedlab import graphs, viz
-from pagedlab.figures.common import _save, _save_graph
+from pagedlab import viz
+from pagedlab.lessons.common import _save, _save_graph
 from pagedlab.llm import LLM
 from pagedlab.request import Request
 from pagedlab.sampling_params import SamplingParams
+from pagedlab.viz import graphs
 
 STAGE4_PREFIX = "ROMEO:\nBut "  # with <bos>: 12 tokens, 3 full blocks of 4
 STAGE4_PROMPTS = {

@@ -168,7 +168,7 @@ def _raise_in_function(text: str, name: str, message: str) -> str:
 
 def repo_root() -> Path:
     """The source checkout holding src/, tests/, notebooks/ and chapters/ (assignments need all four)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     for part in ("src", "tests", "chapters"):
         if not (root / part).is_dir():
             raise ValueError(f"assignment: needs a source checkout of pagedlab; {root / part} is missing")

@@ -1,11 +1,11 @@
 """Stage 1: the model runner: build one step's tensors, run the model, sample.
 
-Builds on: model/llama.py, attention/metadata.py, block_table.py, sampling.py, sched/output.py.
+Builds on: model/llama.py, attention/metadata.py, worker/block_table.py, worker/sampling.py, sched/output.py.
 Read with: chapters/01-contiguous-static.md.
 
 Everything per step is built with vectorized numpy over the batch, never
 token by token in Python. Block tables live in one staged CPU buffer
-(block_table.py) that is only written where the scheduler says a request's
+(worker/block_table.py) that is only written where the scheduler says a request's
 table changed (`new_block_ids`), and each step's [B, MB] table is one
 fancy-indexing gather of the scheduled rows, moved to the device at once.
 
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from pagedlab.attention.metadata import AttentionMetadata
-from pagedlab.block_table import BlockTableBuffer
 from pagedlab.config import EngineConfig
 from pagedlab.model.llama import CausalLM
-from pagedlab.sampling import sample, top_logprobs
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
+from pagedlab.worker.block_table import BlockTableBuffer
+from pagedlab.worker.sampling import sample, top_logprobs
 
 
 class ModelRunner:

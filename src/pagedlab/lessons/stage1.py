@@ -1,6 +1,6 @@
 """Stage 1: the figures of contiguous KV and static batching, and the workload they run.
 
-Builds on: figures/common.py (TracedRun, the saver), llm.py (a traced engine), viz/ (the drawings).
+Builds on: lessons/common.py (TracedRun, the saver), llm.py (a traced engine), viz/ (the drawings).
 Read with: chapters/01-contiguous-static.md.
 
 Eight speakers with different output lengths: with max_num_seqs=4, two static batches of four. Later
@@ -13,7 +13,7 @@ import functools
 from pathlib import Path
 
 from pagedlab import viz
-from pagedlab.figures.common import TracedRun, _save
+from pagedlab.lessons.common import TracedRun, _save
 from pagedlab.llm import LLM
 from pagedlab.sampling_params import SamplingParams
 

@@ -1,6 +1,6 @@
 """Stage 3: the figures of copy-on-write: a fork and its first write, and a beam search's block tree.
 
-Builds on: figures/common.py (DPI, the savers), graphs.py (graphviz drawings, rendered by `dot`),
+Builds on: lessons/common.py (DPI, the savers), viz/graphs.py (graphviz drawings, rendered by `dot`),
 kv/cow.py (fork and block copies), llm.py (the stage-3 engine's beam search).
 Read with: chapters/03-copy-on-write.md.
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch
 
-from pagedlab import graphs
-from pagedlab.figures.common import DPI, _save, _save_graph
 from pagedlab.kv.cow import CowKVCacheManager
+from pagedlab.lessons.common import DPI, _save, _save_graph
 from pagedlab.llm import LLM
 from pagedlab.request import Request
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.viz import graphs
 
 COW_BLOCK_SIZE = 4
 COW_PARENT_TOKENS = 10  # blocks [0, 1, 2]: two full, the last holding 2 of 4 tokens

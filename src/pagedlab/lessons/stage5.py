@@ -1,6 +1,6 @@
 """Stage 5: the figures of continuous batching: schedules, tokens per step, the swap pool, static vs continuous.
 
-Builds on: figures/stage1.py (the stage-1 workload), figures/common.py, viz/ (Gantt, tokens per step,
+Builds on: lessons/stage1.py (the stage-1 workload), lessons/common.py, viz/ (Gantt, tokens per step,
 block tables with a swap pool, pool occupancy).
 Read with: chapters/05-continuous-batching.md.
 
@@ -18,11 +18,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from pagedlab import viz
-from pagedlab.figures.common import TracedRun, _save
-from pagedlab.figures.stage1 import stage1_workload
+from pagedlab.engine.stats import StepTrace
+from pagedlab.lessons.common import TracedRun, _save
+from pagedlab.lessons.stage1 import stage1_workload
 from pagedlab.llm import LLM
 from pagedlab.sampling_params import SamplingParams
-from pagedlab.stats import StepTrace
 
 STAGE5_PROMPTS = (
     "ROMEO:\nBut soft, what light",

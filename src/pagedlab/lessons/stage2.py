@@ -1,6 +1,6 @@
 """Stage 2: the figures of paged KV blocks: block tables into one pool, and stage 1 vs 2 in the same memory.
 
-Builds on: figures/stage1.py (the stage-1 workload and its prompts), figures/common.py, viz/.
+Builds on: lessons/stage1.py (the stage-1 workload and its prompts), lessons/common.py, viz/.
 Read with: chapters/02-paged-blocks.md.
 
 The comparison runs 16 speakers in the same small pool at stages 1 and 2 (regions of 16 blocks, 4 of them).
@@ -14,8 +14,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from pagedlab import viz
-from pagedlab.figures.common import TracedRun, _save
-from pagedlab.figures.stage1 import STAGE1_MAX_TOKENS, STAGE1_PROMPTS, stage1_workload
+from pagedlab.lessons.common import TracedRun, _save
+from pagedlab.lessons.stage1 import STAGE1_MAX_TOKENS, STAGE1_PROMPTS, stage1_workload
 from pagedlab.llm import LLM
 from pagedlab.sampling_params import SamplingParams
 

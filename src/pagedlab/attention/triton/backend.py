@@ -1,6 +1,6 @@
 """Stage 6: the Triton attention backend: store_kv, then paged decode (V1/V2) or paged prefill.
 
-Builds on: attention/triton_store.py, attention/triton_decode.py, attention/triton_prefill.py.
+Builds on: attention/triton/store.py, attention/triton/decode.py, attention/triton/prefill.py.
 Read with: chapters/06-triton-kernel.md.
 
 The engine imports this module only when `attention_backend="triton"`, so
@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from pagedlab.attention.metadata import AttentionMetadata
-from pagedlab.attention.triton_decode import DEFAULT_PARTITION_SIZE, paged_decode
-from pagedlab.attention.triton_prefill import paged_prefill
-from pagedlab.attention.triton_store import store_kv
+from pagedlab.attention.triton.decode import DEFAULT_PARTITION_SIZE, paged_decode
+from pagedlab.attention.triton.prefill import paged_prefill
+from pagedlab.attention.triton.store import store_kv
 
 
 class TritonAttention:

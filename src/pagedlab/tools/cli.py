@@ -1,6 +1,6 @@
 """The `pagedlab` command line: one sub-command per job.
 
-Builds on: everything (the CLI only wires parts together; demo.py draws the live view).
+Builds on: everything (the CLI only wires parts together; tools/demo.py draws the live view).
 Read with: README.md.
 """
 
@@ -12,7 +12,7 @@ import time
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pagedlab.demo import DemoOptions, run_demo
+    from pagedlab.tools.demo import DemoOptions, run_demo
 
     opts = DemoOptions(
         stage=args.stage,
@@ -78,7 +78,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_figures(args: argparse.Namespace) -> int:
     try:
-        from pagedlab.figures import make_figures
+        from pagedlab.lessons import make_figures
     except ImportError as e:
         raise SystemExit(f"pagedlab figures: not available yet ({e})") from e
     for path in make_figures(args.out):
@@ -88,7 +88,7 @@ def _cmd_figures(args: argparse.Namespace) -> int:
 
 def _cmd_train_tiny(args: argparse.Namespace) -> int:
     from pagedlab.model.loader import bundled_model_path
-    from pagedlab.train import TrainConfig, train_tiny
+    from pagedlab.tools.train import TrainConfig, train_tiny
 
     out = args.out or bundled_model_path()
     tc = TrainConfig(steps=args.steps, seed=args.seed)
@@ -135,7 +135,7 @@ def _add_generate(sub) -> None:
 def _cmd_assignment(args: argparse.Namespace) -> int:
     import json
 
-    from pagedlab import assignment
+    from pagedlab.tools import assignment
 
     if args.action == "make":
         out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)

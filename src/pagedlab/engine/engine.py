@@ -1,6 +1,6 @@
 """Stage 1: `LLMEngine`, one engine for every stage: schedule -> execute -> update.
 
-Builds on: stages.py (the parts), runner.py, output_processor.py, stats.py.
+Builds on: stages.py (the parts), worker/runner.py, engine/output_processor.py, engine/stats.py.
 Read with: chapters/00-overview.md, chapters/01-contiguous-static.md.
 
     scheduler_output = scheduler.schedule()                         # who runs, how many tokens
@@ -20,23 +20,23 @@ from itertools import chain
 
 from pagedlab.attention.contiguous import allocate_kv_cache
 from pagedlab.config import EngineConfig
-from pagedlab.model.loader import LoadedModel
-from pagedlab.oracle import max_output_tokens
-from pagedlab.output_processor import OutputProcessor
-from pagedlab.outputs import BeamSearchOutput, RequestOutput
-from pagedlab.request import Request, RequestStatus
-from pagedlab.runner import ModelRunner
-from pagedlab.sampling_params import BeamSearchParams, SamplingParams
-from pagedlab.sched.beam import BeamGroup, is_beam_id
-from pagedlab.stages import get_preset, make_attention
-from pagedlab.stats import EngineStats, StepTrace
-from pagedlab.validation import (
+from pagedlab.engine.output_processor import OutputProcessor
+from pagedlab.engine.stats import EngineStats, StepTrace
+from pagedlab.engine.validation import (
     check_beam_params,
     check_prompt,
     check_request_id,
     check_request_options,
     check_sampling_params,
 )
+from pagedlab.model.loader import LoadedModel
+from pagedlab.oracle import max_output_tokens
+from pagedlab.outputs import BeamSearchOutput, RequestOutput
+from pagedlab.request import Request, RequestStatus
+from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.sched.beam import BeamGroup, is_beam_id
+from pagedlab.stages import get_preset, make_attention
+from pagedlab.worker.runner import ModelRunner
 
 
 class LLMEngine:

@@ -1,6 +1,6 @@
 """Stage 6: paged prefill attention in Triton: a chunk of new queries over a paged prefix + themselves.
 
-Builds on: attention/triton_decode.py (the same online softmax), attention/triton_store.py.
+Builds on: attention/triton/decode.py (the same online softmax), attention/triton/store.py.
 Read with: chapters/06-triton-kernel.md.
 
 Motivation. With chunked prefill (stage 5) and prefix caching (stage 4) a

@@ -1,6 +1,6 @@
 """Stage 1: what every figure module shares: the resolution, a traced run's record and the savers.
 
-Builds on: stats.py (StepTrace).
+Builds on: engine/stats.py (StepTrace).
 Read with: chapters/01-contiguous-static.md.
 
 One DPI for matplotlib and graphviz alike, so that the PNGs of figures/ sit side by side at one scale.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from pagedlab.stats import StepTrace
+from pagedlab.engine.stats import StepTrace
 
 DPI = 120
 

@@ -1,6 +1,6 @@
 """Stage 1: `pagedlab demo`, the engine's step loop drawn live: queues, KV reserved vs used, block ids.
 
-Builds on: llm.py, engine.py (add_request, step, trace), stats.py.
+Builds on: llm.py, engine/engine.py (add_request, step, trace), engine/stats.py.
 Read with: README.md, chapters/01-contiguous-static.md.
 
 The demo drives `llm.engine` itself (add_request, then step() until nothing is
@@ -34,12 +34,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pagedlab.engine.stats import StepTrace
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL
 from pagedlab.outputs import RequestOutput
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
-from pagedlab.stats import StepTrace
 
 PROMPTS = (
     "ROMEO:",
@@ -276,9 +276,9 @@ def print_texts(console: Console, prompts: dict[str, str], finals: dict[str, Req
 
 
 def write_figures(out_dir: str, console: Console) -> list[Path]:
-    """pagedlab.figures.make_figures(out_dir), skipped with a message while that module is missing."""
+    """pagedlab.lessons.make_figures(out_dir), skipped with a message while that module is missing."""
     try:
-        from pagedlab.figures import make_figures
+        from pagedlab.lessons import make_figures
     except ImportError as e:
         console.print(Text(f"figures: skipped ({e})", style="yellow"))
         return []

@@ -1,22 +1,22 @@
 """Stage 1: `pagedlab figures`, every figure of figures/ regenerated from a seeded run of the bundled model.
 
-Builds on: figures/common.py (DPI, TracedRun, the savers) and one module per stage, figures/stage1.py to
-figures/stage5.py (each stage's workload, runs and figures), drawn by viz/ and graphs.py.
+Builds on: lessons/common.py (DPI, TracedRun, the savers) and one module per stage, lessons/stage1.py to
+lessons/stage5.py (each stage's workload, runs and figures), drawn by viz/ and viz/graphs.py.
 Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md, chapters/03-copy-on-write.md,
 chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
 
 Figures are never drawn by hand (DESIGN §1). Each figure is one function
 `(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
 workload is greedy, so the same code gives the same pictures on every machine.
-Every public name of the stage modules is importable from here (`from pagedlab.figures import STAGE2_POOL`).
+Every public name of the stage modules is importable from here (`from pagedlab.lessons import STAGE2_POOL`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pagedlab.figures.common import DPI, TracedRun
-from pagedlab.figures.stage1 import (
+from pagedlab.lessons.common import DPI, TracedRun
+from pagedlab.lessons.stage1 import (
     STAGE1_MAX_TOKENS,
     STAGE1_PROMPTS,
     fig_01_batch_timeline,
@@ -25,7 +25,7 @@ from pagedlab.figures.stage1 import (
     stage1_run,
     stage1_workload,
 )
-from pagedlab.figures.stage2 import (
+from pagedlab.lessons.stage2 import (
     STAGE2_MAX_TOKENS,
     STAGE2_POOL,
     STAGE2_PROMPTS,
@@ -35,7 +35,7 @@ from pagedlab.figures.stage2 import (
     stage2_block_table_run,
     stage2_workload,
 )
-from pagedlab.figures.stage3 import (
+from pagedlab.lessons.stage3 import (
     BEAM_PARAMS,
     BEAM_PROMPT,
     BEAM_STEPS,
@@ -46,7 +46,7 @@ from pagedlab.figures.stage3 import (
     fig_03_beam_tree,
     fig_03_cow_before_after,
 )
-from pagedlab.figures.stage4 import (
+from pagedlab.lessons.stage4 import (
     STAGE4_POOL,
     STAGE4_PREFIX,
     STAGE4_PROMPTS,
@@ -56,7 +56,7 @@ from pagedlab.figures.stage4 import (
     fig_04_hash_chain,
     stage4_cache_run,
 )
-from pagedlab.figures.stage5 import (
+from pagedlab.lessons.stage5 import (
     STAGE5_MAX_TOKENS,
     STAGE5_POOL,
     STAGE5_PROMPTS,

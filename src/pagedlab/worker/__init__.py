@@ -1,0 +1,1 @@
+"""The worker: the model runner that builds each step's tensors, and the sampler (vllm/v1/worker, vllm/v1/sample)."""
