@@ -205,10 +205,11 @@ def _finish(engine) -> dict:
 def test_requests(llm, label, args, options, field):
     _with_live_requests(llm)
     engine = llm.engine
-    before = (dict(engine.requests), list(engine.scheduler.waiting), list(engine.scheduler.running))
+    before = (dict(engine.scheduler.requests.live), list(engine.scheduler.waiting), list(engine.scheduler.running))
     try:
         _raises_naming(field, lambda: engine.add_request(*args, **options))
-        assert (engine.requests, list(engine.scheduler.waiting), engine.scheduler.running) == before, "state changed"
+        now = (engine.scheduler.requests.live, list(engine.scheduler.waiting), engine.scheduler.running)
+        assert now == before, "state changed"
     finally:
         _finish(llm.engine)
         llm.engine.beam_outputs.clear()
@@ -270,7 +271,7 @@ def test_every_bad_request_leaves_the_running_ones_exactly_as_they_were(llm):
     outs = _finish(llm.engine)
     assert {k: [c.token_ids for c in o.outputs] for k, o in outs.items()} == expected
     assert llm.engine.beam_outputs.pop("live-beam").sequences
-    assert llm.engine.kv_manager.num_used_blocks == 0 and not llm.engine.requests
+    assert llm.engine.kv_manager.num_used_blocks == 0 and not llm.engine.scheduler.requests.live
 
 
 def _finish_alone(llm) -> dict:

@@ -44,7 +44,7 @@ def test_aborting_a_waiting_request_breaks_nothing(stage):
     assert outs["a"].finished and outs["a"].outputs[0].finish_reason == "length"
     assert [c.finish_reason for c in outs["b"].outputs] == ["abort"] * len(outs["b"].outputs)
     assert outs["b"].outputs[0].token_ids == []
-    assert not engine.has_unfinished_requests() and not engine.requests and not engine.owner_of("b")
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests.live and not engine.owner_of("b")
     assert engine.kv_manager.num_used_blocks == 0
     engine.add_request("b", "JULIET:", GREEDY)  # the id is free again
     assert run_all(engine)["b"].outputs[0].finish_reason is not None
@@ -72,7 +72,8 @@ def test_aborts_at_every_moment_leave_the_others_untouched(mode):
     engine.add_beam_request("beam", "HAMLET:", BeamSearchParams(beam_width=2, max_tokens=30))
     engine.add_request("late", "MENENIUS:", GREEDY)
     engine.step()
-    assert 0 < engine.requests["long"][0].num_computed_tokens < engine.requests["long"][0].num_prompt_tokens
+    (long,) = engine.scheduler.requests.live["long"]
+    assert 0 < long.num_computed_tokens < long.num_prompt_tokens
     engine.abort_request(["long", "late"])  # mid-prefill, and waiting
     for _ in range(12):
         engine.step()
@@ -120,7 +121,7 @@ def test_an_interrupted_generate_aborts_what_it_queued(monkeypatch):
     assert llm.engine.kv_manager.num_used_blocks == 0  # freed at once
     outs = llm.generate(["HAMLET:"], GREEDY, use_tqdm=False)  # the next call runs only its own request
     assert [o.prompt for o in outs] == ["HAMLET:"] and outs[0].outputs[0].token_ids == expected
-    assert not llm.engine.has_unfinished_requests() and not llm.engine.requests
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.scheduler.requests.live
 
 
 @pytest.mark.stage1

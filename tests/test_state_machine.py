@@ -192,7 +192,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.step()
         assert not self.live and not self.live_beams, "every request ends"
         engine = self.engine
-        assert not engine.has_unfinished_requests() and not engine.requests and not engine.owner_of("r0")
+        assert not engine.has_unfinished_requests() and not engine.scheduler.requests.live and not engine.owner_of("r0")
         assert engine.kv_manager.num_used_blocks == 0, "every block is free at the end"
         swap = getattr(engine.kv_manager, "swap_pool", None)
         assert swap is None or swap.num_free == swap.num_blocks, "every CPU swap block is free at the end"

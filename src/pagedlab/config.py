@@ -6,7 +6,9 @@ Read with: chapters/01-contiguous-static.md.
 A stage is chosen by name ("paged"), number (2) or numeric string ("2").
 Setting a field that the chosen stage does not use is a ValueError that says
 which stage introduces it: a reader who sets `preemption_mode` on stage 2 has
-misunderstood something, and silence would hide it.
+misunderstood something, and silence would hide it. What each stage reads,
+its defaults and its attention backends are facts of its preset (stages.py);
+this module only checks types, ranges and the model-dependent defaults.
 """
 
 from __future__ import annotations
@@ -17,15 +19,7 @@ from dataclasses import dataclass, fields
 
 STAGE_NAMES = {1: "contiguous", 2: "paged", 3: "cow", 4: "prefix", 5: "continuous", 6: "kernel"}
 
-# field -> the first stage that uses it
-FIELD_STAGE = {
-    "enable_prefix_caching": 4,
-    "long_prefill_token_threshold": 5,
-    "preemption_mode": 5,
-    "num_swap_blocks": 5,
-    "scheduling_policy": 5,
-}
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # the dtypes of model and KV cache -> bytes per element
 KV_MEMORY_BUDGET_BYTES = 512 * 2**20  # default KV pool size cap on any device
 _KIND_WORDS = {"int": "an integer", "bool": "True or False", "str": "a string"}  # a field's annotation -> words
 
@@ -76,9 +70,22 @@ class EngineConfig:
         return math.ceil(self.max_model_len / self.block_size)
 
     @classmethod
+    def for_model(cls, stage: int | str, model_config, **overrides) -> EngineConfig:
+        """The settings for a model, from its config.json alone: built before a single weight is read."""
+        dtype = overrides.get("dtype") or "float32"
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ValueError(f"dtype: {dtype!r} is not one of {tuple(DTYPES)}")
+        return cls.create(
+            stage, model_config.max_position_embeddings, kv_bytes_per_token(model_config, dtype), **overrides
+        )
+
+    @classmethod
     def create(cls, stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:
-        """Validate user overrides against the stage and fill the defaults that depend on the model."""
+        """Validate user overrides against the stage's preset and fill the defaults that depend on the model."""
+        from pagedlab.stages import STAGE_FIELDS, get_preset, introduced_by  # stages.py imports this module
+
         number = parse_stage(stage)
+        preset = get_preset(number)
         kinds = {f.name: f.type for f in fields(cls)}  # "int" | "bool" | "str" (annotations are strings here)
         known = set(kinds) - {"stage"}
         for name, value in overrides.items():
@@ -86,16 +93,15 @@ class EngineConfig:
                 raise ValueError(f"{name}: not an engine setting (known: {', '.join(sorted(known))})")
             if value is not None:
                 _check_kind(name, value, kinds[name])
-            if value is not None and FIELD_STAGE.get(name, 1) > number:
-                first = FIELD_STAGE[name]
+            if value is not None and name in STAGE_FIELDS and name not in preset.uses:
                 raise ValueError(
-                    f"{name}: stage {number} ({STAGE_NAMES[number]}) does not use it; "
-                    f"it is introduced by stage {first} ({STAGE_NAMES[first]})"
+                    f"{name}: stage {number} ({STAGE_NAMES[number]}) does not use it; it is introduced by "
+                    f"{introduced_by(name)}"
                 )
         given = {k: v for k, v in overrides.items() if v is not None}
-        given.setdefault("enable_prefix_caching", number >= 4)
-        cfg = cls(stage=number, **given)
-        return cfg._with_defaults(model_max_len, kv_bytes_per_token)
+        cfg = cls(stage=number, **(preset.defaults | given))
+        cfg = cfg._with_defaults(model_max_len, kv_bytes_per_token)
+        return _replace(cfg, attention_backend=_resolve_backend(cfg, preset.backends))
 
     def _with_defaults(self, model_max_len: int, kv_bytes_per_token: int) -> EngineConfig:
         _check_positive(self, "block_size", "max_num_seqs")
@@ -114,14 +120,11 @@ class EngineConfig:
             self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks, num_swap_blocks=swap
         )
         _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "max_trace_steps")
-        _check_choice(cfg, "dtype", DTYPES)
+        _check_choice(cfg, "dtype", tuple(DTYPES))
         check_device(cfg.device)
-        cfg = _replace(cfg, attention_backend=_resolve_backend(cfg))
-        _check_choice(cfg, "attention_backend", ("torch", "triton"))
+        _check_choice(cfg, "attention_backend", ("", "torch", "triton"))
         _check_choice(cfg, "preemption_mode", ("recompute", "swap"))
         _check_choice(cfg, "scheduling_policy", ("fcfs", "priority"))
-        if cfg.attention_backend == "triton" and cfg.stage < 6:
-            raise ValueError(f"attention_backend: 'triton' is introduced by stage 6 (kernel), not stage {cfg.stage}")
         if cfg.max_num_batched_tokens < cfg.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens: {cfg.max_num_batched_tokens} is below max_num_seqs ({cfg.max_num_seqs}); "
@@ -176,25 +179,33 @@ def triton_can_run(device: str) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _resolve_backend(cfg: EngineConfig) -> str:
-    """Stage 6 uses Triton where it can run and falls back to torch with one warning (DESIGN §3)."""
-    if cfg.attention_backend == "triton" and cfg.stage >= 6 and not triton_can_run(cfg.device):
+def _resolve_backend(cfg: EngineConfig, backends: tuple[str, ...]) -> str:
+    """The attention backend, among those the stage can run (preferred first). The preferred Triton falls
+    back to torch, with one warning, where it cannot run; an explicit one there is an error."""
+    asked = cfg.attention_backend
+    if asked and asked not in backends:
+        raise ValueError(f"attention_backend: {asked!r} is introduced by stage 6 (kernel), not stage {cfg.stage}")
+    if asked == "triton" and not triton_can_run(cfg.device):
         raise ValueError(
             f"attention_backend: 'triton' needs Triton and a CUDA device, or TRITON_INTERPRET=1 on a CPU "
             f"(device is {cfg.device!r})"
         )
-    if cfg.attention_backend or cfg.stage < 6:
-        return cfg.attention_backend or "torch"
-    if triton_can_run(cfg.device):
-        return "triton"
+    if asked or backends[0] != "triton" or triton_can_run(cfg.device):
+        return asked or backends[0]
     import warnings
 
     warnings.warn(
-        "stage 6: Triton cannot run here (no CUDA device and TRITON_INTERPRET is not 1, or Triton is missing); "
-        "using the torch attention backend",
-        stacklevel=4,
+        f"stage {cfg.stage}: Triton cannot run here (no CUDA device and TRITON_INTERPRET is not 1, or Triton is "
+        "missing); using the torch attention backend",
+        stacklevel=5,
     )
-    return "torch"
+    return backends[1]
+
+
+def kv_bytes_per_token(model_config, dtype: str) -> int:
+    """K and V of one token in every layer: 2 x layers x KV heads x head_dim x bytes per element."""
+    mc = model_config
+    return 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * DTYPES[dtype]
 
 
 def _default_num_blocks(cfg: EngineConfig, max_len: int, kv_bytes_per_token: int) -> int:

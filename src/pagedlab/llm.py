@@ -23,8 +23,6 @@ from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.sampling_params import BeamSearchParams
 from pagedlab.stages import default_stage
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 
 class LLM:
     """Load a model and serve it with the engine of one stage."""
@@ -32,14 +30,9 @@ class LLM:
     def __init__(self, model: str = BUNDLED_MODEL, stage: int | str | None = None, **engine_args):
         stage = default_stage() if stage is None else parse_stage(stage)
         path, mc = load_model_config(model)  # config.json only: every size is checked before a weight is read
-        dtype = engine_args.get("dtype") or "float32"
-        if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise ValueError(f"dtype: {dtype!r} is not one of {tuple(_DTYPES)}")
-        itemsize = _DTYPES[dtype].itemsize
-        kv_bytes_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * itemsize
-        config = EngineConfig.create(stage, mc.max_position_embeddings, kv_bytes_per_token, **engine_args)
-        check_engine_memory(config, mc.num_parameters, kv_bytes_per_token, itemsize)
-        self.loaded = load_model(path, device=config.device, dtype=_DTYPES[dtype])
+        config = EngineConfig.for_model(stage, mc, **engine_args)
+        check_engine_memory(config, mc)
+        self.loaded = load_model(path, device=config.device, dtype=getattr(torch, config.dtype))
         self.engine = LLMEngine(config, self.loaded)
         self._ids = itertools.count()
 

@@ -24,6 +24,7 @@ import torch
 from pagedlab.attention.base import NoCacheAttention
 from pagedlab.model.llama import CausalLM
 from pagedlab.outputs import BeamSearchSequence, beam_score
+from pagedlab.request import max_output_tokens
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 from pagedlab.worker.sampling import sample
 
@@ -58,12 +59,6 @@ def last_logits(model: CausalLM, sequences: list[list[int]]) -> torch.Tensor:
     attn = NoCacheAttention(model.config.num_queries_per_kv, model.config.head_dim)
     hidden = model(ids, positions, attn, _SeqBounds(bounds))  # [T, E]
     return model.compute_logits(hidden[torch.tensor(bounds[1:], device=device) - 1])  # [N, V]
-
-
-def max_output_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
-    """prompt + max_tokens beyond max_model_len caps at the length limit (DESIGN §3)."""
-    room = max_model_len - prompt_len
-    return room if max_tokens is None else min(max_tokens, room)
 
 
 def generate(

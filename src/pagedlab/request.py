@@ -21,6 +21,13 @@ from dataclasses import dataclass, field
 from pagedlab.sampling_params import SamplingParams
 
 
+def max_output_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The output tokens a request may produce: prompt + max_tokens beyond max_model_len caps at the length
+    limit (max_tokens=None: up to it)."""
+    room = max_model_len - prompt_len
+    return room if max_tokens is None else min(max_tokens, room)
+
+
 class RequestStatus(enum.Enum):
     WAITING = enum.auto()  # queued, holds no KV
     RUNNING = enum.auto()  # admitted, holds KV
@@ -44,7 +51,7 @@ _FINISH_REASONS = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
     """A request (or one child of an n > 1 request). Invariant: num_computed_tokens <= num_tokens."""
 
@@ -69,19 +76,25 @@ class Request:
     num_cached_tokens: int | None = None  # prompt tokens the prefix cache served when first admitted (stage 4)
     first_token_time: float | None = None  # when the first output token was sampled
     finished_time: float | None = None  # when it finished
+    group: tuple[Request, ...] = field(default=(), repr=False, compare=False)  # all children of its user request
+    group_id: str = field(init=False)  # the id its group shares: the user's request id (parent_id or request_id)
+    num_prompt_tokens: int = field(init=False)  # len(prompt_token_ids), which never changes
 
     def __post_init__(self):
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        self.group_id = self.parent_id or self.request_id
+        self.num_prompt_tokens = len(self.prompt_token_ids)
 
     @classmethod
-    def group(cls, request_id, token_ids, params, max_tokens, eos_token_ids, arrival, priority, cache_salt, prompt):
+    def new_group(cls, request_id, token_ids, params, max_tokens, eos_token_ids, arrival, priority, cache_salt, prompt):
         """The n children of one user request; with n > 1 child i is "{i}_{request_id}", as in vLLM.
 
-        A tuple: a group's members never change, and every part that holds the group may share it safely.
+        A tuple, which every child also holds as `group`: a group's members never change, so every part
+        that holds it may share it safely.
         """
         n = params.n
-        return tuple(
+        children = tuple(
             cls(
                 request_id if n == 1 else f"{i}_{request_id}",
                 token_ids,
@@ -97,20 +110,14 @@ class Request:
             )
             for i in range(n)
         )
-
-    @property
-    def group_id(self) -> str:
-        """The id shared by all children of one user request (scheduled as one unit)."""
-        return self.parent_id or self.request_id
+        for child in children:
+            child.group = children
+        return children
 
     @property
     def seed(self) -> int | None:
         seed = self.sampling_params.seed
         return None if seed is None else seed + self.child_index
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:

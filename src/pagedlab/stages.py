@@ -1,19 +1,22 @@
-"""Stage 1: the stage presets: which KV manager, scheduler and attention backend each stage wires.
+"""Stage 1: the stage presets: the parts each stage wires, and every fact about a stage.
 
 Builds on: config.py and every part a preset names.
-Read with: chapters/00-overview.md.
+Read with: chapters/00-overview.md, chapters/97-architecture.md.
 
-A stage is data, not a flag: the engine asks its preset for three parts and
-never checks a stage number. A later stage adds a preset that names a new
-class (or a subclass overriding one method).
+A stage is data, not a flag: the engine asks its preset for its parts and
+never checks a stage number, and what a stage allows (which engine settings
+it reads, their defaults, its attention backends) is written here, once, so
+that config.py knows nothing about stages. A later stage adds a preset that
+names a new class (or a subclass overriding one method).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedlab.attention.contiguous import ContiguousAttention
 from pagedlab.attention.paged import PagedAttention
+from pagedlab.attention.tiled import TiledPagedAttention
 from pagedlab.config import STAGE_NAMES, parse_stage
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
@@ -21,21 +24,30 @@ from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.sched.continuous import ContinuousScheduler
-from pagedlab.sched.cow import CowScheduler
+from pagedlab.sched.groups import NoSharing, PromptSharing
 from pagedlab.sched.static import StaticScheduler
+
+# Engine settings that only some stages read (every other EngineConfig field is read by every stage).
+STAGE_FIELDS = ("enable_prefix_caching", "long_prefill_token_threshold", "preemption_mode", "num_swap_blocks",
+                "scheduling_policy")  # fmt: skip
+CONTINUOUS_FIELDS = frozenset(STAGE_FIELDS)
 
 
 @dataclass(frozen=True)
 class StagePreset:
-    """The three parts of one stage, and what its notebook asks."""
+    """The parts of one stage, what it allows, and what its notebook asks."""
 
     number: int  # 1 .. 6
     name: str  # STAGE_NAMES[number]
     kv_manager: type  # built with .from_config(config)
-    scheduler: type  # (config, kv_manager) -> scheduler
-    attention: type  # (kv_cache, num_queries_per_kv, head_dim) -> attention backend
+    scheduler: type  # (config, kv_manager, sharing) -> scheduler
+    sharing: type  # how a request's children are scheduled: NoSharing, or PromptSharing (fork, beams) from stage 3
+    attention: type  # the torch backend: (kv_cache, num_queries_per_kv, head_dim) -> attention backend
     question: str  # the question the stage's notebook answers
     vllm_files: tuple[str, ...]  # where vLLM keeps the same idea
+    uses: frozenset[str] = frozenset()  # the fields of STAGE_FIELDS this stage reads
+    defaults: dict = field(default_factory=dict)  # field -> its value when the user gives none
+    backends: tuple[str, ...] = ("torch",)  # attention backends it can run, the preferred first
 
 
 STAGES: dict[int, StagePreset] = {
@@ -44,6 +56,7 @@ STAGES: dict[int, StagePreset] = {
         STAGE_NAMES[1],
         ContiguousKVCacheManager,
         StaticScheduler,
+        NoSharing,
         ContiguousAttention,
         "How much reserved KV memory is wasted?",
         (
@@ -56,6 +69,7 @@ STAGES: dict[int, StagePreset] = {
         STAGE_NAMES[2],
         PagedKVCacheManager,
         StaticScheduler,
+        NoSharing,
         PagedAttention,
         "How many more requests fit?",
         (
@@ -69,7 +83,8 @@ STAGES: dict[int, StagePreset] = {
         3,
         STAGE_NAMES[3],
         CowKVCacheManager,
-        CowScheduler,
+        StaticScheduler,
+        PromptSharing,
         PagedAttention,
         "What do n>1 sampling and beam search cost with sharing?",
         (
@@ -83,7 +98,8 @@ STAGES: dict[int, StagePreset] = {
         4,
         STAGE_NAMES[4],
         PrefixCachingKVCacheManager,
-        CowScheduler,
+        StaticScheduler,
+        PromptSharing,
         PagedAttention,
         "How much prefill does a shared prefix save?",
         (
@@ -91,32 +107,41 @@ STAGES: dict[int, StagePreset] = {
             "vllm/v1/core/block_pool.py (cached_block_hash_to_block, touch)",
             "vllm/v1/core/kv_cache_manager.py (get_computed_blocks)",
         ),
+        uses=frozenset({"enable_prefix_caching"}),
+        defaults={"enable_prefix_caching": True},
     ),
     5: StagePreset(
         5,
         STAGE_NAMES[5],
         SwappingKVCacheManager,
         ContinuousScheduler,
-        PagedAttention,
+        PromptSharing,
+        TiledPagedAttention,
         "Throughput and latency vs static batching?",
         (
             "vllm/v1/core/sched/scheduler.py (schedule, _preempt_request)",
             "vllm/v1/core/sched/request_queue.py",
             "vllm/v1/request.py (RequestStatus)",
         ),
+        uses=CONTINUOUS_FIELDS,
+        defaults={"enable_prefix_caching": True},
     ),
     6: StagePreset(
         6,
         STAGE_NAMES[6],
         SwappingKVCacheManager,
         ContinuousScheduler,
-        PagedAttention,  # the fallback; attention_backend="triton" swaps in attention/triton/backend.py
+        PromptSharing,
+        TiledPagedAttention,  # the fallback where Triton cannot run; "triton" is attention/triton/backend.py
         "Parity, and speed on a GPU?",
         (
             "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2)",
             "csrc/cache_kernels.cu (reshape_and_cache)",
             "vllm/attention/ops/paged_attn.py, vllm/attention/ops/prefix_prefill.py",
         ),
+        uses=CONTINUOUS_FIELDS,
+        defaults={"enable_prefix_caching": True},
+        backends=("triton", "torch"),
     ),
 }
 
@@ -130,6 +155,10 @@ def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: in
     return preset.attention(kv_cache, num_queries_per_kv, head_dim)
 
 
+def make_scheduler(config, preset: StagePreset, kv_manager):
+    return preset.scheduler(config, kv_manager, preset.sharing)
+
+
 def get_preset(stage: int) -> StagePreset:
     if stage not in STAGES:
         done = ", ".join(f"{n} ({p.name})" for n, p in STAGES.items())
@@ -137,23 +166,40 @@ def get_preset(stage: int) -> StagePreset:
     return STAGES[stage]
 
 
+def first_stage_using(name: str) -> int:
+    """The first stage that reads the engine setting `name` (1 for a setting every stage reads)."""
+    if name not in STAGE_FIELDS:
+        return 1
+    return min(n for n, p in STAGES.items() if name in p.uses)
+
+
+def introduced_by(name: str) -> str:
+    """'stage 5 (continuous)', for messages about a setting a stage does not read."""
+    first = first_stage_using(name)
+    return f"stage {first} ({STAGE_NAMES[first]})"
+
+
 def highest_stage() -> int:
     return max(STAGES)
 
 
 def default_stage() -> int:
-    """DESIGN §3: "continuous" once it exists (stage 6 only swaps the attention kernels)."""
+    """ "continuous" once it exists (stage 6 only swaps the attention kernels)."""
     return 5 if 5 in STAGES else highest_stage()
 
 
 def describe(stage: int | str) -> str:
     """The wiring of one stage, as `pagedlab describe --stage N` prints it."""
     p = get_preset(parse_stage(stage))
+    name = lambda cls: f"{cls.__module__}.{cls.__qualname__}"
+    attention = name(p.attention)
+    if "triton" in p.backends:
+        attention = f"pagedlab.attention.triton.backend.TritonAttention where Triton runs; else {attention}"
     lines = [
         f"stage {p.number} ({p.name}): {p.question}",
-        f"  KV manager : {p.kv_manager.__module__}.{p.kv_manager.__qualname__}",
-        f"  scheduler  : {p.scheduler.__module__}.{p.scheduler.__qualname__}",
-        f"  attention  : {p.attention.__module__}.{p.attention.__qualname__}",
+        f"  KV manager : {name(p.kv_manager)}",
+        f"  scheduler  : {name(p.scheduler)}, children scheduled by {name(p.sharing)}",
+        f"  attention  : {attention}",
         "  step()     : scheduler.schedule() -> runner.execute() -> scheduler.update()",
         "  in vLLM    : " + "; ".join(p.vllm_files),
     ]

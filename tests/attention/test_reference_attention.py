@@ -1,9 +1,10 @@
-"""The torch reference backends (stages 1-5) against a plain per-request attention.
+"""The torch backends against a plain per-request attention: the reference (stages 1-4) and the tiled decode
+(stage 5), which must give the same numbers.
 
-The decode path reads each context in tiles of block_size and merges the tiles' softmaxes; these
-tests pin it to `causal_attention` over each request's own slots, for contexts that end mid-tile,
-at a tile's edge, and for one token; GQA ratios 1, 2 and 4; fp32 and fp16; decodes and prefill
-chunks in one step.
+The tiled path reads each context in tiles of block_size and merges the tiles' softmaxes; these tests
+pin both paths to `causal_attention` over each request's own slots, for contexts that end mid-tile, at
+a tile's edge, and for one token; GQA ratios 1, 2 and 4; fp32 and fp16; decodes and prefill chunks in
+one step.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from pagedlab.attention.contiguous import ContiguousAttention
 from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.attention.paged import PagedAttention
+from pagedlab.attention.tiled import TiledPagedAttention
 from tests.attention.test_triton_kernels import TOL, D, paged_case, reference
 
 pytestmark = pytest.mark.stage2  # the paged reference; the stage-1 regions test is marked stage1 too
@@ -53,36 +55,42 @@ def run_backend(backend_cls, q, k_cache, v_cache, table, seq_lens, q_lens, block
     meta = metadata(backend, table, seq_lens, q_lens, block_size)
     k = k_cache.view(-1, *k_cache.shape[2:])[meta.slot_mapping]
     v = v_cache.view(-1, *v_cache.shape[2:])[meta.slot_mapping]
+    backend.prepare(meta)  # as the runner does, once per step
     return backend.forward(0, q, k, v, meta), meta
 
 
+@pytest.mark.parametrize("backend_cls", [PagedAttention, TiledPagedAttention])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 2), (4, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_paged_decodes_and_prefills_equal_per_request_attention(block_size, num_heads, num_kv_heads, dtype):
+def test_paged_decodes_and_prefills_equal_per_request_attention(
+    backend_cls, block_size, num_heads, num_kv_heads, dtype
+):
     seq_lens = [1, 16, 17, 40, 5, 33, 64]  # one token, tile edges, mid-tile ends
     q_lens = [1, 1, 1, 7, 1, 33, 1]  # decodes, a chunk over a cached prefix, a whole prompt
     q, k_cache, v_cache, table, lens, qsl = paged_case(seq_lens, q_lens, block_size, num_heads, num_kv_heads, dtype)
-    out, meta = run_backend(PagedAttention, q, k_cache, v_cache, table, seq_lens, q_lens, block_size)
+    out, meta = run_backend(backend_cls, q, k_cache, v_cache, table, seq_lens, q_lens, block_size)
     expected = reference(q, k_cache, v_cache, table, lens, qsl, block_size)
     torch.testing.assert_close(out.float(), expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert out.dtype == dtype
-    assert meta.decode_plan is not None and len(meta.decode_plan.owner) == sum(
-        -(-seq_lens[b] // block_size) for b in meta.decode_rows_cpu
-    ), "a decode reads exactly its own tiles"
+    if backend_cls is TiledPagedAttention:
+        assert meta.decode_plan is not None and len(meta.decode_plan.owner) == sum(
+            -(-seq_lens[b] // block_size) for b in meta.decode_rows_cpu
+        ), "a decode reads exactly its own tiles"
 
 
-def test_the_plan_is_made_once_per_step_and_reused_by_every_layer():
+@pytest.mark.stage5
+def test_the_tiled_plan_is_made_once_per_step_and_read_by_every_layer():
     seq_lens, q_lens = [9, 30], [1, 1]
     q, k_cache, v_cache, table, *_ = paged_case(seq_lens, q_lens, 4, 4, 2, torch.float32)
     kv = torch.stack([k_cache, v_cache])[None].repeat(2, 1, 1, 1, 1, 1)  # two layers
-    backend = PagedAttention(kv, 2, D)
+    backend = TiledPagedAttention(kv, 2, D)
     meta = metadata(backend, table, seq_lens, q_lens, 4)
     k = k_cache.view(-1, *k_cache.shape[2:])[meta.slot_mapping]
-    backend.forward(0, q, k, k, meta)
+    backend.prepare(meta)
     plan = meta.decode_plan
-    backend.forward(1, q, k, k, meta)
-    assert meta.decode_plan is plan
+    first = backend.forward(0, q, k, k, meta)
+    assert meta.decode_plan is plan and torch.equal(backend.forward(1, q, k, k, meta), first)
 
 
 @pytest.mark.stage1

@@ -117,7 +117,7 @@ def test_paged_prefill_over_a_cached_prefix_matches_torch(block_size, num_heads,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
     need_triton()
-    from pagedlab.attention.contiguous import store_kv as torch_store_kv
+    from pagedlab.attention.reference import store_kv as torch_store_kv
     from pagedlab.attention.triton.store import store_kv
 
     g = torch.Generator().manual_seed(2)

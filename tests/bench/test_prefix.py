@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pagedlab import bench
-from pagedlab.bench.prefix import corpus_token_ids, make_llm, prefix_rows, run_prefix
+from pagedlab.bench.prefix import CORPUS_CHARS, corpus_token_ids, make_llm, prefix_rows, run_prefix
 from pagedlab.bench.prefix_report import save_prefix_figure
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, shared_prefix_requests
 from pagedlab.tools.cli import main
@@ -36,7 +36,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def corpus(tokenizer):
-    return corpus_token_ids(tokenizer)
+    return corpus_token_ids(tokenizer, CORPUS_CHARS)
 
 
 @pytest.fixture(scope="module")

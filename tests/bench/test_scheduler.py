@@ -17,13 +17,13 @@ def test_the_fake_model_samples_only_for_requests_fed_to_their_end():
     s = make_scheduler(2, steps=3)
     add_requests(s, 2, max_tokens=5)
     so = s.schedule()
-    assert so.num_scheduled_tokens == [32, 32]
+    assert so.num_scheduled_tokens == {"r0": 32, "r1": 32}
     out = fake_model(so)
     assert out.req_ids == ["r0", "r1"] and out.token_ids == [7, 7]
     s.update(so, out)
     for _ in range(3):
         so = s.schedule()
-        assert so.num_scheduled_tokens == [1, 1]
+        assert so.num_scheduled_tokens == {"r0": 1, "r1": 1}
         s.update(so, fake_model(so))
     assert [r.num_tokens for r in s.running] == [36, 36] and s.num_preemptions == 0
 
@@ -32,7 +32,7 @@ def test_prompts_are_distinct_so_nothing_hits_the_prefix_cache():
     s = make_scheduler(4, steps=2)
     add_requests(s, 4, max_tokens=4)
     so = s.schedule()
-    assert so.num_scheduled_tokens == [32] * 4  # no request starts with computed (cached) tokens
+    assert list(so.num_scheduled_tokens.values()) == [32] * 4  # no request starts with computed (cached) tokens
     assert len({tuple(r.prompt_token_ids) for r in so.scheduled}) == 4
 
 

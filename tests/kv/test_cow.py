@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedlab import SamplingParams
-from pagedlab.kv.cow import CowKVCacheManager
+from pagedlab.kv.cow import BlockCopy, CowKVCacheManager
 from pagedlab.request import Request
 
 pytestmark = pytest.mark.stage3
@@ -40,11 +40,11 @@ def test_fork_shares_then_append_copies_the_partly_filled_block():
     assert grow(kv, parent, 6) == [0, 1]
     child = fork(kv, parent, "c")
     assert kv.get_block_ids(child) == [0, 1] and refs(kv) == {0: 2, 1: 2}
-    # The child writes token 6 into block 1, which the parent also holds: copy 1 -> 2 first.
-    assert grow(kv, child, 1) == [2]
-    assert kv.take_block_copies() == [(1, 2)] and kv.take_block_copies() == []
+    # The child writes token 6 into block 1, which the parent also holds: copy 1 -> 2 first. Nothing is
+    # appended; the copy says which entry of whose table changed, for the runner's copy of the table.
+    assert grow(kv, child, 1) == []
+    assert kv.take_block_copies() == [BlockCopy("c", 1, 1, 2)] and kv.take_block_copies() == []
     assert kv.get_block_ids(child) == [0, 2] and refs(kv) == {0: 2, 1: 1, 2: 1}
-    assert kv.table_update(child) == (0, [0, 2])  # a new table: the runner gets all of it
     # The parent is now block 1's only holder: it writes in place, no copy.
     assert grow(kv, parent, 1) == []
     assert kv.take_block_copies() == []

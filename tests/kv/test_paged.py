@@ -86,17 +86,13 @@ def test_random_programs_keep_every_invariant(block_size, program):
     assert kv.num_free_blocks == 12
 
 
-def test_table_updates_tell_the_runner_only_what_it_lacks():
+def test_allocate_slots_returns_only_what_it_appended():
+    # What the scheduler forwards to the runner (new_block_ids): the blocks this call added, in table order.
     kv = PagedKVCacheManager(num_kv_blocks=8, block_size=2, max_model_len=32)
     a = req("a", prompt_len=3)
-    grow(kv, a, 3)
-    assert kv.table_update(a) == (0, [0, 1])
-    assert kv.table_update(a) is None  # nothing new
-    grow(kv, a, 1)  # token 3 fits block 1
-    assert kv.table_update(a) is None
-    grow(kv, a, 1)  # token 4 opens block 2
-    assert kv.table_update(a) == (2, [2])
+    assert grow(kv, a, 3) == [0, 1]
+    assert grow(kv, a, 1) == []  # token 3 fits block 1
+    assert grow(kv, a, 1) == [2]  # token 4 opens block 2
     kv.free(a)
     b = req("a", prompt_len=1)  # the same id again starts from scratch
-    grow(kv, b, 1)
-    assert kv.table_update(b)[0] == 0
+    assert grow(kv, b, 1) == [3] and kv.get_block_ids(b) == [3]  # the queue's head; a's blocks went to its tail

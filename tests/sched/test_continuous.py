@@ -9,6 +9,7 @@ from pagedlab.config import EngineConfig
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.continuous import ContinuousScheduler
+from pagedlab.sched.groups import PromptSharing
 from pagedlab.sched.output import ModelRunnerOutput
 
 pytestmark = pytest.mark.stage5
@@ -30,7 +31,7 @@ def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, c
         preemption_mode=mode,
         num_swap_blocks=swap,
     )
-    return ContinuousScheduler(cfg, SwappingKVCacheManager.from_config(cfg))
+    return ContinuousScheduler(cfg, SwappingKVCacheManager.from_config(cfg), PromptSharing)
 
 
 def req(rid, prompt_len, max_tokens, first=2, **kw):
@@ -47,10 +48,8 @@ def req(rid, prompt_len, max_tokens, first=2, **kw):
 def step(s, token=7):
     """schedule -> fake model (samples `token` for every request that reached its end) -> update."""
     so = s.schedule()
-    plan = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
-    samplers = [
-        r.request_id for r, n in zip(so.scheduled, so.num_scheduled_tokens) if r.num_computed_tokens + n == r.num_tokens
-    ]
+    plan = dict(so.num_scheduled_tokens)
+    samplers = [r.request_id for r in so.scheduled if r.num_computed_tokens + plan[r.request_id] == r.num_tokens]
     s.update(so, ModelRunnerOutput(samplers, [token] * len(samplers), [-0.1] * len(samplers), [None] * len(samplers)))
     return plan
 
@@ -157,7 +156,7 @@ def test_swap_preemption_keeps_progress_and_resumes_by_swapping_in():
     while not a.status.is_finished():
         step(s)
     so = s.schedule()  # a finished: b's two blocks come back into new GPU blocks, then it decodes
-    assert [cpu for cpu, _ in so.swap_in] == [0, 1] and so.num_scheduled_tokens == [1]
+    assert [cpu for cpu, _ in so.swap_in] == [0, 1] and so.num_scheduled_tokens == {"b": 1}
     assert s.kv.swap_pool.num_free == 4 and b.status == RequestStatus.RUNNING
     s.check_invariants()
 
@@ -185,8 +184,8 @@ def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
     # urgent running request, lax, is preempted although it was already given a token this step,
     # and that token goes back to the budget.
     so = s.schedule()
-    assert [r.request_id for r in so.scheduled] == ["urgent"] and so.num_scheduled_tokens == [1]
-    assert lax.status == RequestStatus.PREEMPTED and "lax" not in so.new_block_ids
+    assert so.num_scheduled_tokens == {"urgent": 1} and [r.request_id for r in so.scheduled] == ["urgent"]
+    assert lax.status == RequestStatus.PREEMPTED and "lax" not in so.new_block_ids and "lax" in so.preempted_req_ids
     s.check_invariants()
 
 
@@ -273,11 +272,8 @@ def test_random_streams_keep_every_invariant(
         so = s.schedule()
         assert so.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
         assert len(s.running) <= s.config.max_num_seqs
-        samplers = [
-            r.request_id
-            for r, n in zip(so.scheduled, so.num_scheduled_tokens)
-            if r.num_computed_tokens + n == r.num_tokens
-        ]
+        fed = so.num_scheduled_tokens
+        samplers = [r.request_id for r in so.scheduled if r.num_computed_tokens + fed[r.request_id] == r.num_tokens]
         s.update(so, ModelRunnerOutput(samplers, [7] * len(samplers), [0.0] * len(samplers), [None] * len(samplers)))
         s.check_invariants()
         if not pending and not s.has_unfinished_requests():

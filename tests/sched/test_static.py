@@ -46,14 +46,15 @@ def test_a_static_batch_runs_to_completion_before_the_next():
         s.add_request([r])
     # Step 1: a and b fill both regions; c waits. Whole prompts are prefilled at once.
     so = s.schedule()
-    assert [r.request_id for r in so.scheduled] == ["a", "b"] and so.num_scheduled_tokens == [3, 5]
-    assert so.new_block_ids == {"a": (0, [0, 1, 2, 3]), "b": (0, [4, 5, 6, 7])}
+    assert [r.request_id for r in so.scheduled] == ["a", "b"] and so.num_scheduled_tokens == {"a": 3, "b": 5}
+    assert so.new_block_ids == {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]} and so.new_block_tables == {}
     s.update(so, fake_sample(so))
     assert a.status == RequestStatus.FINISHED_LENGTH_CAPPED  # max_tokens 1
     assert s.kv.region_of == {"b": 1}
     # Step 2: a's region is free, but a static batch admits nobody until it is done.
     so = s.schedule()
-    assert [r.request_id for r in so.scheduled] == ["b"] and so.num_scheduled_tokens == [1]
+    assert [r.request_id for r in so.scheduled] == ["b"] and so.num_scheduled_tokens == {"b": 1}
+    assert so.new_block_tables == so.new_block_ids == {}  # the runner already has b's region
     assert so.finished_req_ids == {"a"} and [r.request_id for r in s.waiting] == ["c"]
     s.update(so, fake_sample(so))
     so = s.schedule()
@@ -62,7 +63,7 @@ def test_a_static_batch_runs_to_completion_before_the_next():
     # Step 4: the batch is done; c is admitted into the first free region.
     so = s.schedule()
     assert [r.request_id for r in so.scheduled] == ["c"]
-    assert so.new_block_ids == {"c": (0, [0, 1, 2, 3])}
+    assert so.new_block_ids == {"c": [0, 1, 2, 3]}
     s.update(so, fake_sample(so))
     assert not s.has_unfinished_requests()
     s.check_invariants()
@@ -85,7 +86,7 @@ def test_an_n_group_is_admitted_as_one_unit():
     so = s.schedule()
     # x takes one region; the group needs three at once, so it waits whole.
     assert [r.request_id for r in so.scheduled] == ["x"]
-    assert len(s.waiting) == 3
+    assert len(s.waiting) == 1 and [r.request_id for r in s.waiting] == ["0_g", "1_g", "2_g"]
 
 
 def test_eos_and_stop_token_ids_finish_with_stop():

@@ -24,13 +24,27 @@ import torch
 
 
 class AttentionBackend(Protocol):
-    """Anything with this `forward` can serve the model's attention."""
+    """Anything with these two methods can serve the model's attention."""
 
     name: str  # what `llm.engine.attention_backend` reports
+
+    def prepare(self, metadata: Any) -> None:
+        """Once per step, before the first layer: work every layer would repeat (most backends: none)."""
 
     def forward(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, metadata: Any
     ) -> torch.Tensor: ...
+
+
+def allocate_kv_cache(num_layers, num_kv_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> torch.Tensor:
+    """One tensor for the whole cache, [layers, 2 (k, v), num_kv_blocks, block_size, KVH, D]: every cached
+    backend of every stage reads this layout.
+
+    kv_cache[layer] unpacks into that layer's (k, v); a block copy or swap of
+    every layer at once is one indexing op on dimension 2.
+    """
+    shape = (num_layers, 2, num_kv_blocks, block_size, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def repeat_kv(x: torch.Tensor, num_queries_per_kv: int) -> torch.Tensor:

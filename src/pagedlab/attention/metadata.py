@@ -22,7 +22,7 @@ import torch
 @dataclass(frozen=True, slots=True)
 class DecodePlan:
     """The torch reference's gather for this step's decodes: N decodes, their contexts cut into NT tiles
-    of block_size positions (attention/contiguous.py, `plan_decode`)."""
+    of block_size positions (attention/tiled.py, `plan_decode`)."""
 
     tokens: torch.Tensor  # [N] index of each decode's query token among the step's T tokens
     owner: torch.Tensor  # [NT] which decode (0 .. N - 1) each tile belongs to
@@ -47,7 +47,7 @@ class AttentionMetadata:
     prefill_rows: torch.Tensor  # [N_p] requests with more than one new token (prefill chunks)
     prefill_rows_cpu: list[int]  # the same, on the CPU
     max_query_len: int  # the longest prefill chunk this step
-    decode_plan: DecodePlan | None = None  # filled by the torch backend's first layer, reused by the rest
+    decode_plan: DecodePlan | None = None  # the tiled backend's gather, made by its prepare() once per step
 
     @property
     def num_reqs(self) -> int:

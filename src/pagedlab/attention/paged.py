@@ -1,6 +1,6 @@
 """Stage 2: the torch paged-attention reference: gather each request's K/V through its block table.
 
-Builds on: attention/contiguous.py (stores, decode/prefill split, softmax).
+Builds on: attention/contiguous.py (and through it attention/reference.py: store by slot, attend).
 Read with: chapters/02-paged-blocks.md.
 
 Stage 1 found context position p of a request at region_start + p. With
@@ -9,9 +9,9 @@ paging the same position lives at
     block_table[p // block_size] * block_size + p % block_size
 
 so this backend overrides exactly one method, `context_slots`. Everything
-else (store-by-slot, masking, the decode batch) is stage 1's. The gather
-builds a [B, L, KVH, D] copy: simple and correct, and the cost that stage 6's
-kernel avoids by reading blocks in place.
+else (store by slot, the per-request softmax) is the reference's. The gather
+copies each request's context out of the cache: simple and correct, and the
+cost that stage 6's kernel avoids by reading blocks in place.
 vLLM: the CUDA kernels in csrc/attention/ read the same block table in place.
 """
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedlab.bench.common import corpus_token_ids, timing_llm
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, PrefixedRequest, shared_prefix_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
@@ -73,18 +74,9 @@ class ServeResult:
     num_steps: int  # engine steps that ran a batch
 
 
-def corpus_token_ids(tokenizer, num_chars: int = CORPUS_CHARS) -> list[int]:
-    """The corpus's first `num_chars` characters as the tokenizer encodes a prompt (with its <bos>, if any)."""
-    from pagedlab.tools.train import corpus_path
-
-    return tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:num_chars])
-
-
 def make_llm(caching: bool, max_num_seqs: int = MAX_NUM_SEQS, block_size: int = BLOCK_SIZE) -> LLM:
     """A fresh stage-4 engine over the bundled model (an empty cache), tracing each step."""
-    from pagedlab.llm import LLM
-
-    return LLM(
+    return timing_llm(
         stage="prefix",
         block_size=block_size,
         max_num_seqs=max_num_seqs,
@@ -209,7 +201,7 @@ def run_prefix(
 
     start = time.perf_counter()
     warm_up = make_llm(caching=False)
-    corpus_ids = corpus_token_ids(warm_up.get_tokenizer())
+    corpus_ids = corpus_token_ids(warm_up.get_tokenizer(), CORPUS_CHARS)
     serve(warm_up, shared_prefix_requests("one-shot", corpus_ids, 2, output_lens=(2, 2)))  # torch's first calls
     rows = []
     for workload in workloads:

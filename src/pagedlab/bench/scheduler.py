@@ -44,7 +44,7 @@ EOS = 1
 
 def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMPT_LEN, block_size: int = BLOCK_SIZE):
     """The stage-5 scheduler and KV manager, sized so that `num_running` requests decode `steps` tokens unhindered."""
-    from pagedlab.stages import get_preset
+    from pagedlab.stages import get_preset, make_scheduler
 
     max_len = prompt_len + steps + 2
     blocks = num_running * -(-max_len // block_size)
@@ -59,7 +59,7 @@ def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMP
         max_num_batched_tokens=num_running * prompt_len,  # the whole first step's prefill in one budget
     )
     preset = get_preset(STAGE)
-    return preset.scheduler(config, preset.kv_manager.from_config(config))
+    return make_scheduler(config, preset, preset.kv_manager.from_config(config))
 
 
 def add_requests(scheduler, num_running: int, max_tokens: int, prompt_len: int = PROMPT_LEN) -> None:
@@ -72,9 +72,8 @@ def add_requests(scheduler, num_running: int, max_tokens: int, prompt_len: int =
 
 def fake_model(so: SchedulerOutput) -> ModelRunnerOutput:
     """Every request whose known tokens are all fed this step samples SAMPLED_TOKEN."""
-    samplers = [
-        r.request_id for r, n in zip(so.scheduled, so.num_scheduled_tokens) if r.num_computed_tokens + n == r.num_tokens
-    ]
+    fed = so.num_scheduled_tokens
+    samplers = [r.request_id for r in so.scheduled if r.num_computed_tokens + fed[r.request_id] == r.num_tokens]
     n = len(samplers)
     return ModelRunnerOutput(samplers, [SAMPLED_TOKEN] * n, [0.0] * n, [None] * n)
 
@@ -95,7 +94,7 @@ def time_decode_steps(num_running: int, steps: int = STEPS) -> dict:
         t2 = time.perf_counter_ns()
         scheduler.update(so, sampled)
         t3 = time.perf_counter_ns()
-        check(so.num_scheduled_tokens == [1] * num_running, "every timed step is num_running decodes")
+        check(list(so.num_scheduled_tokens.values()) == [1] * num_running, "every timed step is num_running decodes")
         schedule_ns.append(t1 - t0)
         update_ns.append(t3 - t2)
     check(scheduler.num_preemptions == 0 and len(scheduler.running) == num_running, "a timed step lost a request")

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedlab.bench.common import corpus_token_ids
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
 from pagedlab.errors import check
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
@@ -177,16 +178,6 @@ def sharing_row(
 def paper_saved(workload: str, mode: str, width: int, block_size: int) -> float | None:
     """The paper's value for this configuration, if it reports one (it used blocks of 16)."""
     return PAPER_SAVED.get((workload, mode, width)) if block_size == BLOCK_SIZE else None
-
-
-def corpus_token_ids() -> list[int]:
-    """The bundled corpus as the bundled tokenizer encodes it (<bos> first)."""
-    from pagedlab.model.loader import bundled_model_path
-    from pagedlab.model.tokenizer import Tokenizer
-    from pagedlab.tools.train import corpus_path
-
-    tokenizer = Tokenizer.from_file(bundled_model_path() / "tokenizer.json")
-    return tokenizer.encode(corpus_path().read_text(encoding="utf-8"))
 
 
 def sharing_rows(

@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pagedlab.bench.common import corpus_token_ids, timing_llm
 from pagedlab.bench.workloads import sample_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
@@ -118,10 +119,8 @@ class Served:
 
 def make_stream(tokenizer, num_requests: int = NUM_REQUESTS, length_scale: float = LENGTH_SCALE, seed: int = 0):
     """Seeded ShareGPT-like lengths, scaled by `length_scale`, with prompts cut from the corpus after a <bos>."""
-    from pagedlab.tools.train import corpus_path
-
     specs = sample_requests(WORKLOAD, num_requests, seed=seed, max_model_len=PAPER_MAX_MODEL_LEN)
-    corpus = tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:CORPUS_CHARS])  # <bos> first
+    corpus = corpus_token_ids(tokenizer, CORPUS_CHARS)  # <bos> first
     rng, stream = random.Random(f"throughput-{seed}"), []
     for spec in specs:
         prompt_len, output_len = (max(1, round(n * length_scale)) for n in (spec.prompt_len, spec.output_len))
@@ -150,10 +149,8 @@ def _blocks_of_longest(stream: list[StreamRequest], block_size: int) -> int:
 
 def serve_engine(system: EngineSystem, stream: list[StreamRequest], num_kv_blocks: int, **engine_args) -> Served:
     """Serve the stream with a fresh pagedlab engine (an empty prefix cache), all requests queued at once."""
-    from pagedlab.llm import LLM
-
     args = {"num_kv_blocks": num_kv_blocks, "record_trace": True, **engine_args, **system.engine_args}
-    llm = LLM(stage=system.stage, **args)
+    llm = timing_llm(system.stage, **args)
     params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in stream]
     start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate([list(r.prompt_token_ids) for r in stream], params, use_tqdm=False)

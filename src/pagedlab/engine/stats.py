@@ -61,7 +61,7 @@ class StepTrace:
     def capture(cls, step: int, now: float, scheduler_output, scheduler, kv_manager) -> StepTrace:
         """The step as it ran: after scheduling and the forward pass, before update frees anything."""
         so, running = scheduler_output, scheduler.running
-        scheduled = {r.request_id: n for r, n in zip(so.scheduled, so.num_scheduled_tokens)}
+        scheduled = dict(so.num_scheduled_tokens)
         return cls(
             step=step,
             time=now,

@@ -10,20 +10,22 @@ is a ValueError whose message starts with the field at fault. What a
 model or the engine's settings (the vocabulary, `max_logprobs`,
 `max_num_seqs`) is checked here, at `add_request`, as vLLM's input processor does.
 
-Sizes are checked the same way: a pool, a swap pool or a model that cannot fit
-in memory is refused with the bytes it would take, instead of minutes of work
-and then an allocator's crash.
+Sizes are checked the same way (with model/memory.py): a pool, a swap pool or
+a model that cannot fit in memory is refused with the bytes it would take,
+instead of minutes of work and then an allocator's crash.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
-from pagedlab.config import FIELD_STAGE, STAGE_NAMES, EngineConfig, format_bytes
+from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
+from pagedlab.model.memory import check_memory
 from pagedlab.model.tokenizer import Tokenizer
+from pagedlab.request import Request, max_output_tokens
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.sched.beam import BeamGroup, is_beam_id
+from pagedlab.stages import introduced_by
 
 
 def check_request_id(request_id) -> None:
@@ -102,15 +104,13 @@ def check_request_options(config: EngineConfig, priority, cache_salt, arrival_ti
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority: expected an int, got {priority!r}")
     if priority != 0 and config.scheduling_policy != "priority":
-        stage = FIELD_STAGE["scheduling_policy"]
         raise ValueError(
-            f"priority: {priority} needs scheduling_policy='priority' (stage {stage}, {STAGE_NAMES[stage]})"
+            f"priority: {priority} needs scheduling_policy='priority' ({introduced_by('scheduling_policy')})"
         )
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValueError(f"cache_salt: expected a string, got {cache_salt!r}")
     if cache_salt is not None and not config.enable_prefix_caching:
-        stage = FIELD_STAGE["enable_prefix_caching"]
-        raise ValueError(f"cache_salt: needs prefix caching (stage {stage}, {STAGE_NAMES[stage]}, enabled)")
+        raise ValueError(f"cache_salt: needs prefix caching ({introduced_by('enable_prefix_caching')}, enabled)")
     real = isinstance(arrival_time, (int, float)) and not isinstance(arrival_time, bool)
     if arrival_time is not None and not (real and math.isfinite(arrival_time)):
         raise ValueError(f"arrival_time: expected a finite number of seconds, got {arrival_time!r}")
@@ -119,11 +119,64 @@ def check_request_options(config: EngineConfig, priority, cache_salt, arrival_ti
 # --- memory ------------------------------------------------------------------------------------------------------
 
 
-def check_engine_memory(config: EngineConfig, num_parameters: int, kv_bytes_per_token: int, itemsize: int) -> None:
+class InputProcessor:
+    """Request intake: check a request against everything and build its Request(s), changing nothing.
+
+    vLLM: InputProcessor.process_inputs (vllm/v1/engine/input_processor.py; processor.py before v0.12)."""
+
+    def __init__(self, config: EngineConfig, model_config, tokenizer: Tokenizer | None, scheduler, owner_of):
+        self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
+        self.scheduler = scheduler  # asked whether a group could ever be admitted
+        self.owner_of = owner_of  # request id -> the live request it belongs to, or None
+
+    def process(self, request_id, prompt, params, arrival_time, priority, cache_salt, now: float):
+        """The group's children, checked: request id, params, options, prompt, and whether it can ever fit."""
+        check_request_id(request_id)
+        vocab = self.model_config.vocab_size
+        params = check_sampling_params(params, self.config, vocab, self.tokenizer is not None)
+        self._check_free(request_id, [f"{i}_{request_id}" for i in range(params.n)] if params.n > 1 else [])
+        check_request_options(self.config, priority, cache_salt, arrival_time)
+        text, token_ids = check_prompt(prompt, self.tokenizer, vocab, self.config.max_model_len)
+        max_tokens = max_output_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
+        arrival = now if arrival_time is None else float(arrival_time)
+        eos = self.model_config.eos_token_ids
+        children = Request.new_group(
+            request_id, token_ids, params, max_tokens, eos, arrival, priority, cache_salt, text
+        )
+        self.scheduler.check_admissible(children)
+        return children
+
+    def process_beams(self, request_id, prompt, params, now: float) -> BeamGroup:
+        """A beam search's first beam, checked (it needs stage 3's fork and copy-on-write)."""
+        if not self.scheduler.supports_beam_search:
+            raise ValueError(
+                f"beam_search: needs copy-on-write (stage 3, cow) or later; this engine is stage {self.config.stage}"
+            )
+        check_request_id(request_id)
+        params = check_beam_params(params, self.config, self.model_config.vocab_size)
+        self._check_free(request_id, [i for i in self.scheduler.requests.all_ids() if is_beam_id(i, request_id)])
+        text, token_ids = check_prompt(prompt, self.tokenizer, self.model_config.vocab_size, self.config.max_model_len)
+        steps = max_output_tokens(len(token_ids), params.max_tokens, self.config.max_model_len)
+        group = BeamGroup.start(request_id, token_ids, params, steps, self.model_config.eos_token_ids, now, text)
+        self.scheduler.check_admissible(group.live * params.beam_width)  # every beam may need its own blocks
+        return group
+
+    def _check_free(self, request_id: str, reserved: list[str]) -> None:
+        """`request_id` and the ids it reserves (its children's; for a search, its beams') name no live request."""
+        if self.owner_of(request_id) == request_id:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        for rid in [request_id, *reserved]:
+            owner = self.owner_of(rid)
+            if owner is not None:
+                raise ValueError(f"request_id: {request_id!r} collides with the live request {owner!r} (id {rid!r})")
+
+
+def check_engine_memory(config: EngineConfig, model_config) -> None:
     """What an engine allocates up front must fit: weights and KV pool on config.device, the rest on the CPU."""
-    kv_block = config.block_size * kv_bytes_per_token
+    kv_block = config.block_size * kv_bytes_per_token(model_config, config.dtype)
+    weights = model_config.num_parameters * DTYPES[config.dtype]
     on_device = {
-        "model": (num_parameters * itemsize, "the model's weights"),
+        "model": (weights, "the model's weights"),
         "num_kv_blocks": (
             config.num_kv_blocks * kv_block,
             f"{config.num_kv_blocks} KV blocks of {config.block_size} tokens",
@@ -138,56 +191,3 @@ def check_engine_memory(config: EngineConfig, num_parameters: int, kv_bytes_per_
     else:
         check_memory(on_device, config.device)
         check_memory(on_host, "cpu")
-
-
-def check_memory(parts: dict, device: str) -> None:
-    """Refuse what cannot fit: parts is {field to blame: (bytes, what)}; the largest part names the field.
-
-    A lower bound (activations come on top), so it never refuses what could have run.
-    """
-    available = available_memory(device)
-    total = sum(size for size, _ in parts.values())
-    if available is None or total <= available:
-        return
-    field, (size, what) = max(parts.items(), key=lambda item: item[1][0])
-    raise ValueError(
-        f"{field}: {what} take {format_bytes(size)}, {format_bytes(total)} in all with the rest, "
-        f"but {device} has {format_bytes(available)} available"
-    )
-
-
-def available_memory(device: str) -> int | None:
-    """Bytes free on `device` now (None where it cannot be told)."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.mem_get_info(torch.device(device))[0]
-    if device != "cpu":
-        return None
-    limits = [_meminfo_available(), _cgroup_available()]
-    known = [b for b in limits if b is not None]
-    return min(known) if known else None
-
-
-def _meminfo_available() -> int | None:
-    """Linux's MemAvailable, or free pages where sysconf knows them (other Unix systems)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _cgroup_available() -> int | None:
-    """A container's memory limit minus its use (cgroup v2), when it has one."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
-        return None
-    return None if limit == "max" else max(0, int(limit) - used)

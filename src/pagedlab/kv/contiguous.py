@@ -40,7 +40,6 @@ class ContiguousKVCacheManager:
         self.num_regions = num_kv_blocks // self.region_size
         self.free_regions = list(range(self.num_regions))  # a heap: first fit = lowest index
         self.region_of: dict[str, int] = {}  # request_id -> its region
-        self.sent: set[str] = set()  # requests whose region the runner already knows
 
     @classmethod
     def from_config(cls, config) -> ContiguousKVCacheManager:
@@ -75,20 +74,12 @@ class ContiguousKVCacheManager:
 
     def free(self, request: Request) -> None:
         region = self.region_of.pop(request.request_id, None)
-        self.sent.discard(request.request_id)
         if region is not None:
             heapq.heappush(self.free_regions, region)
 
     # END SOLUTION
 
-    def table_update(self, request: Request) -> tuple[int, list[int]] | None:
-        """What the runner's copy of this block table lacks: (first index, block ids), once per region."""
-        if request.request_id in self.sent:
-            return None
-        self.sent.add(request.request_id)
-        return 0, self.get_block_ids(request)
-
-    def take_block_copies(self) -> list[tuple[int, int]]:
+    def take_block_copies(self) -> list:
         return []  # regions are never shared
 
     def lookup_prefix(self, request: Request) -> int:

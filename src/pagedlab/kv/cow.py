@@ -12,17 +12,31 @@ into a block that someone else also holds, it gets a private copy first:
     after:   parent [7] [3]    child [7] [9]      copy 3 -> 9; ref_cnt: 7 -> 2, 3 -> 1, 9 -> 1
 
 Only the block that receives a request's first new token can be shared and
-partly filled: after a fork, tables cover exactly the computed tokens. The
-copies travel in the scheduler output and the runner applies them to every
-layer before the forward pass. vLLM v0: vllm/core/block_manager.py,
+partly filled: after a fork, tables cover exactly the computed tokens. Each
+copy is a `BlockCopy` (whose table, which entry, from, to); the copies travel
+in the scheduler output, and the runner applies them to every layer before the
+forward pass and to its own copy of the table. vLLM v0: vllm/core/block_manager.py,
 vllm/core/block/cpu_gpu_block_allocator.py (copy-on-write), vllm/core/block/naive_block.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pagedlab.errors import InvariantError
-from pagedlab.kv.paged import PagedKVCacheManager, cdiv
+from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.request import Request
+
+
+@dataclass(slots=True)
+class BlockCopy:
+    """Copy-on-write: `dst` takes `src`'s K/V (every layer) before the forward pass reads it, and becomes
+    entry `index` of `request_id`'s block table."""
+
+    request_id: str  # whose table entry changes
+    index: int  # the logical block: the table's last, the one the request writes into next
+    src: int  # the shared block (other tables keep it)
+    dst: int  # the request's private copy
 
 
 class CowKVCacheManager(PagedKVCacheManager):
@@ -30,7 +44,7 @@ class CowKVCacheManager(PagedKVCacheManager):
 
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
         super().__init__(num_kv_blocks, block_size, max_model_len)
-        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies for this step
+        self.pending_copies: list[BlockCopy] = []  # copy-on-write copies made since the scheduler last took them
 
     # BEGIN SOLUTION
     # TASK: fork (share every block, ref_cnt + 1) and copy-on-write before writing into a shared block.
@@ -40,37 +54,36 @@ class CowKVCacheManager(PagedKVCacheManager):
         for block in blocks:
             block.ref_cnt += 1
         self.req_to_blocks[child.request_id] = list(blocks)
-        self.num_synced[child.request_id] = 0
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """As stage 2, but a shared block about to be written is first replaced by a private copy."""
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        first = request.num_computed_tokens // self.block_size  # block receiving the first new token
-        shared = first < len(blocks) and blocks[first].ref_cnt > 1
-        if shared and first != len(blocks) - 1:
-            raise InvariantError("only a table's last block can be shared and written")
-        appended = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
-        if max(0, appended) + shared > self.pool.num_free:
-            return None
-        copied = [self._copy_on_write(request, first)] if shared else []
-        return copied + super().allocate_slots(request, num_new_tokens)
+        blocks = self.req_to_blocks.get(request.request_id)
+        first = request.num_computed_tokens // self.block_size  # the block receiving the first new token
+        if blocks and first < len(blocks) and blocks[first].ref_cnt > 1:
+            if first != len(blocks) - 1:
+                raise InvariantError("only a table's last block can be shared and written")
+            appended = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(blocks)
+            if max(0, appended) + 1 > self.pool.num_free:
+                return None
+            self._copy_on_write(request, first)
+        # The base class named explicitly, not super(): on CPython 3.11 super() costs ~0.1 µs a call, and
+        # allocate_slots runs for every request at every step.
+        return PagedKVCacheManager.allocate_slots(self, request, num_new_tokens)
 
-    def _copy_on_write(self, request: Request, index: int) -> int:
+    def _copy_on_write(self, request: Request, index: int) -> None:
         blocks = self.req_to_blocks[request.request_id]
         old = blocks[index]
         (new,) = self.pool.allocate(1)
         self.pool.free([old])  # drops this table's reference only; the other holders keep it
         blocks[index] = new
-        self.pending_copies.append((old.block_id, new.block_id))
-        self.num_synced[request.request_id] = min(self.num_synced.get(request.request_id, 0), index)
-        return new.block_id
+        self.pending_copies.append(BlockCopy(request.request_id, index, old.block_id, new.block_id))
 
     # END SOLUTION
 
     def free(self, request: Request) -> None:
         """As stage 2; a copy into a block this request no longer holds is dropped too."""
-        mine = {b.block_id for b in self.req_to_blocks.get(request.request_id, ())}
-        self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in mine]
+        if self.pending_copies:
+            self.pending_copies = [c for c in self.pending_copies if c.request_id != request.request_id]
         super().free(request)
 
     def worst_case_blocks(self, requests: list[Request]) -> int:
@@ -90,7 +103,7 @@ class CowKVCacheManager(PagedKVCacheManager):
             total += shared + sum(self.max_blocks(r) - shared for r in members)
         return total
 
-    def take_block_copies(self) -> list[tuple[int, int]]:
+    def take_block_copies(self) -> list[BlockCopy]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 

@@ -42,7 +42,6 @@ class PagedKVCacheManager:
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_kv_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
-        self.num_synced: dict[str, int] = {}  # request_id -> leading table entries the runner already has
 
     @classmethod
     def from_config(cls, config) -> PagedKVCacheManager:
@@ -52,32 +51,26 @@ class PagedKVCacheManager:
     # TASK: on-demand allocation: give a request just enough blocks for its next tokens, or None.
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        needed = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(blocks)
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request.request_id] = []
+        # ceil((computed + new) / block_size) blocks hold every token so far; most decode steps need none more
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(blocks)
+        if needed <= 0:
+            return []
         if needed > self.pool.num_free:
             return None
-        new_blocks = self.pool.allocate(max(0, needed))
+        new_blocks = self.pool.allocate(needed)
         blocks.extend(new_blocks)
         return [b.block_id for b in new_blocks]
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_synced.pop(request.request_id, None)
-        self.pool.free(reversed(blocks))
+        self.pool.free(reversed(self.req_to_blocks.pop(request.request_id, [])))
 
     # END SOLUTION
 
-    def table_update(self, request: Request) -> tuple[int, list[int]] | None:
-        """What the runner's copy of this block table lacks: (first stale index, block ids from there)."""
-        ids = self.get_block_ids(request)
-        start = self.num_synced.get(request.request_id, 0)
-        if start == len(ids):
-            return None
-        self.num_synced[request.request_id] = len(ids)
-        return start, ids[start:]
-
-    def take_block_copies(self) -> list[tuple[int, int]]:
+    def take_block_copies(self) -> list:
         return []  # nothing is shared before stage 3
 
     def lookup_prefix(self, request: Request) -> int:

@@ -159,20 +159,20 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         return len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        new_blocks = super().allocate_slots(request, num_new_tokens)
+        new_blocks = CowKVCacheManager.allocate_slots(self, request, num_new_tokens)  # (not super(): see cow.py)
         if new_blocks is not None and self.enable_caching:
-            self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
+            num_full = (request.num_computed_tokens + num_new_tokens) // self.block_size
+            if num_full > self.num_cached_blocks.get(request.request_id, 0):  # this step fills a block
+                self._cache_full_blocks(request, num_full)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+    def _cache_full_blocks(self, request: Request, num_full: int) -> None:
         """Register the blocks this step fills (their K/V is written by this step's forward pass)."""
         update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
         blocks = self.req_to_blocks[request.request_id]
-        start = self.num_cached_blocks.get(request.request_id, 0)
-        end = num_tokens // self.block_size
-        for i in range(start, end):
+        for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
             self.pool.cache_full_block(blocks[i], request.block_hashes[i])
-        self.num_cached_blocks[request.request_id] = max(start, end)
+        self.num_cached_blocks[request.request_id] = num_full
 
     # END SOLUTION
 

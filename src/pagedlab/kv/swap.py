@@ -82,7 +82,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Copy the request's blocks to CPU blocks and let go of the GPU ones: [(gpu, cpu)]."""
         # A block copied-on-write this very step is still empty: copy out its source instead.
-        uncopied = {dst: src for src, dst in self.pending_copies}
+        uncopied = {c.dst: c.src for c in self.pending_copies if c.request_id == request.request_id}
         gpu = [uncopied.get(b, b) for b in self.get_block_ids(request)]
         cpu = self.swap_pool.allocate(request.request_id, len(gpu))
         num_computed = request.num_computed_tokens
@@ -98,7 +98,6 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         cpu = self.swap_pool.free(request.request_id)
         blocks = self.pool.allocate(len(cpu))
         self.req_to_blocks[request.request_id] = blocks
-        self.num_synced[request.request_id] = 0
         self.num_cached_blocks[request.request_id] = 0  # re-offered to the cache on the next allocation
         return [(c, b.block_id) for c, b in zip(cpu, blocks)]
 

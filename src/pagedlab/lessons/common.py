@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
+from pagedlab import viz
 from pagedlab.engine.stats import StepTrace
+from pagedlab.viz import graphs
 
 DPI = 120
 
@@ -33,13 +33,8 @@ class TracedRun:
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return viz.save_figure(fig, path, dpi=DPI, tight=False)  # the lessons lay out their own margins
 
 
 def _save_graph(graph, path: Path) -> Path:
-    """A graphviz drawing rendered by `dot` at DPI, written to `path` as a PNG."""
-    graph.graph_attr["dpi"] = str(DPI)
-    path.write_bytes(graph.pipe(format="png"))
-    return path
+    return graphs.save_graph(graph, path, dpi=DPI)

@@ -42,7 +42,7 @@ def cow_before_after() -> tuple[dict[str, list[int]], dict[str, list[int]], list
     before = {r.request_id: kv.get_block_ids(r) for r in (parent, child)}
     kv.allocate_slots(child, 1)  # the child's token 10 lands in block 2, which the parent holds too
     after = {r.request_id: kv.get_block_ids(r) for r in (parent, child)}
-    return before, after, kv.take_block_copies()
+    return before, after, [(c.src, c.dst) for c in kv.take_block_copies()]
 
 
 def _graph_image(graph):

@@ -48,7 +48,7 @@ def stage4_cache_run() -> CacheRun:
     engine, requests = llm.engine, {}
     for rid, prompt in STAGE4_PROMPTS.items():
         engine.add_request(rid, prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
-        requests[rid] = engine.scheduler.waiting[-1]
+        (requests[rid],) = engine.scheduler.requests.live[rid]
     for _ in range(STAGE4_STEPS):
         engine.step()
     return CacheRun(llm, requests, viz.cached_block_ids(engine.kv_manager.pool))

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pagedlab.engine.validation import check_memory
 from pagedlab.model.config import ModelConfig, read_json_object
 from pagedlab.model.llama import CausalLM
+from pagedlab.model.memory import check_memory
 from pagedlab.model.tokenizer import Tokenizer
 
 BUNDLED_MODEL = "tiny-shakespeare"

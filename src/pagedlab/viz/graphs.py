@@ -21,6 +21,7 @@ building one does not.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import graphviz
 
@@ -34,13 +35,11 @@ def _block_label(block_id: int, refs: int, text: str | None = None) -> str:
     return "\\n".join(lines)
 
 
-def block_sharing_graph(
-    block_tables: dict[str, list[int]], title: str = "", copies: list[tuple[int, int]] = ()
-) -> graphviz.Digraph:
+def block_sharing_graph(block_tables: dict[str, list[int]], title: str = "", copies=()) -> graphviz.Digraph:
     """Requests on the left, physical blocks on the right; an edge per block-table entry.
 
     A block's ref_cnt is the number of tables holding it; ref_cnt > 1 is drawn in the shared colour.
-    `copies` (src, dst) pairs are drawn as dashed copy-on-write arrows.
+    `copies` (a step's `block_copies`, or (src, dst) pairs) are drawn as dashed copy-on-write arrows.
     """
     refs: dict[int, int] = {}
     for table in block_tables.values():
@@ -70,7 +69,7 @@ def block_sharing_graph(
             fillcolor=SHARED if n > 1 else USED,
             fontcolor="white",
         )
-    for src, dst in copies:
+    for src, dst in ((c.src, c.dst) if hasattr(c, "src") else c for c in copies):
         g.edge(f"b_{src}", f"b_{dst}", label="copy", style="dashed", color="black", constraint="false")
     return g
 
@@ -147,7 +146,7 @@ def hash_chain_tree(
     """The prefix cache as a tree: one node per chained block hash, one path per request, root to leaf.
 
     `requests`: Request objects (or a dict of them) whose `block_hashes` name their full blocks in order;
-    keep them from `engine.scheduler.waiting[-1]` right after `add_request`: the engine forgets finished
+    keep them from `engine.scheduler.requests.live[request_id]` right after `add_request`: the engine forgets finished
     requests, but a Request keeps its hashes. `kv_manager`: the engine's PrefixCachingKVCacheManager; its
     pool's `cached_block_hash_to_block` says which hashes are cached and in which block.
     Equal hashes mean equal prefixes, so requests that share a prefix share a path until they differ.
@@ -211,3 +210,12 @@ def _node_id(block_hash) -> str:
 def _quoted(text: str) -> str:
     """A block's text for a graphviz label: in quotes, a newline shown as ↵ (graphviz would break the line there)."""
     return "“" + text.replace("\\", "\\\\").replace("\n", "↵") + "”"
+
+
+def save_graph(graph, path: str | Path, dpi: int = 120) -> Path:
+    """A graphviz drawing rendered by `dot` at `dpi`, written to `path` as a PNG (its folder made if needed)."""
+    graph.graph_attr["dpi"] = str(dpi)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(graph.pipe(format="png"))
+    return path

@@ -37,13 +37,14 @@ def _use_agg_without_display() -> None:
 _use_agg_without_display()
 
 
-def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
-    """Write a matplotlib figure as a PNG (its folder made if needed, margins trimmed) and close it."""
+def save_figure(fig, path: str | Path, dpi: int = 120, tight: bool = True) -> Path:
+    """Write a matplotlib figure as a PNG (its folder made if needed; margins trimmed when `tight`) and close it.
+    Every figure of figures/, a lesson's or a bench's, is written here."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight" if tight else None)
     plt.close(fig)
     return path
 

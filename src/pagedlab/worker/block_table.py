@@ -1,16 +1,16 @@
-"""Stage 1: the runner's staged block tables, one numpy row per live request.
+"""Stage 1: the runner's block tables, one numpy row per live request, kept from the scheduler's outputs alone.
 
-Builds on: nothing.
+Builds on: sched/output.py (what changed in each table this step).
 Read with: chapters/02-paged-blocks.md.
 
-The KV manager owns the true block tables; the runner keeps this copy, written
-only where a scheduler output says a table changed, so a step's [B, MB] table
-is one gather of the scheduled rows instead of B Python lists converted anew.
+The KV manager owns the true block tables; the runner keeps this copy, so a
+step's [B, MB] table is one gather of the scheduled rows instead of B Python
+lists converted anew. It is written only from what the scheduler sends:
 
-    table [rows, MB]      row_of {"A": 0, "B": 1}      free_rows [3, 2]
-      row 0: [4, 7, 0, 0]    A holds blocks 4, 7
-      row 1: [2, 0, 0, 0]    B holds block 2
-      rows 2, 3: free (old contents left in place: a row is never cleared)
+    table [rows, MB]      row_of {"A": 0, "B": 1}     num_blocks [2, 1, 0, 0]    free_rows [3, 2]
+      row 0: [4, 7, 0, 0]    A holds blocks 4, 7       set_table: a table admission, swap-in or a fork made
+      row 1: [2, 0, 0, 0]    B holds block 2            append: the blocks allocate_slots added (a new row if none)
+      rows 2, 3: free (old contents left in place)      replace: a copy-on-write's private block
 
 vLLM: vllm/v1/worker/block_table.py (BlockTable; a pinned CPU buffer copied to the GPU).
 """
@@ -21,19 +21,29 @@ import numpy as np
 
 
 class BlockTableBuffer:
-    """Persistent CPU block tables, one row per live request (vLLM's BlockTable, simplified)."""
+    """Persistent CPU block tables, one row per live request (vLLM's BlockTable, simplified).
+    Invariant: row r holds num_blocks[r] valid entries; a row is never cleared, only overwritten."""
 
     def __init__(self, rows: int, max_blocks: int):
         self.table = np.zeros((rows, max_blocks), dtype=np.int32)  # [rows, MB]
+        self.num_blocks = np.zeros(rows, dtype=np.int64)  # [rows] valid entries of each row
         self.row_of: dict[str, int] = {}  # request_id -> row
         self.free_rows = list(range(rows - 1, -1, -1))
 
-    def write(self, req_id: str, start: int, block_ids: list[int]) -> None:
-        if req_id not in self.row_of:
-            if not self.free_rows:
-                self._grow()
-            self.row_of[req_id] = self.free_rows.pop()
-        self.table[self.row_of[req_id], start : start + len(block_ids)] = block_ids
+    def set_table(self, req_id: str, block_ids: list[int]) -> None:
+        """A request's whole table, as admission, a swap-in or a fork made it."""
+        row = self._row(req_id)
+        self.table[row, : len(block_ids)] = block_ids
+        self.num_blocks[row] = len(block_ids)
+
+    def append(self, req_id: str, block_ids: list[int]) -> None:
+        row = self._row(req_id)  # a request the runner does not know yet starts with an empty table
+        start = self.num_blocks[row]
+        self.table[row, start : start + len(block_ids)] = block_ids
+        self.num_blocks[row] = start + len(block_ids)
+
+    def replace(self, req_id: str, index: int, block_id: int) -> None:
+        self.table[self.row_of[req_id], index] = block_id
 
     def remove(self, req_id: str) -> None:
         row = self.row_of.pop(req_id, None)
@@ -43,7 +53,18 @@ class BlockTableBuffer:
     def gather(self, req_ids: list[str]) -> np.ndarray:
         return self.table[[self.row_of[r] for r in req_ids]]  # [B, MB]
 
+    def _row(self, req_id: str) -> int:
+        """The request's row; a request new to the buffer gets a free one, with no valid entry yet."""
+        row = self.row_of.get(req_id)
+        if row is None:
+            if not self.free_rows:
+                self._grow()
+            row = self.row_of[req_id] = self.free_rows.pop()
+            self.num_blocks[row] = 0
+        return row
+
     def _grow(self) -> None:
         old = len(self.table)
         self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+        self.num_blocks = np.concatenate([self.num_blocks, np.zeros_like(self.num_blocks)])
         self.free_rows.extend(range(2 * old - 1, old - 1, -1))

@@ -5,9 +5,10 @@ Read with: chapters/01-contiguous-static.md.
 
 Everything per step is built with vectorized numpy over the batch, never
 token by token in Python. Block tables live in one staged CPU buffer
-(worker/block_table.py) that is only written where the scheduler says a request's
-table changed (`new_block_ids`), and each step's [B, MB] table is one
-fancy-indexing gather of the scheduled rows, moved to the device at once.
+(worker/block_table.py), kept from what the scheduler sends (a new request's
+whole table, the blocks a running one gained, a copy-on-write's replacement),
+and each step's [B, MB] table is one fancy-indexing gather of the scheduled
+rows, moved to the device at once.
 
 Shapes: B scheduled requests, T new tokens, MB max blocks per request, V vocab.
 """
@@ -50,6 +51,7 @@ class ModelRunner:
             return ModelRunnerOutput()
         input_ids, positions, meta, sample_idx, sampling = self._prepare(so)
         start = time.perf_counter()
+        self.attention.prepare(meta)  # once per step: what every layer would otherwise repeat
         hidden = self.model(input_ids, positions, self.attention, meta)  # [T, E]
         logits = self.model.compute_logits(hidden[sample_idx])  # [N, V]
         out = self._sample(logits, sampling)
@@ -57,10 +59,16 @@ class ModelRunner:
         return out
 
     def _update_block_tables(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
-            self.block_tables.remove(req_id)
-        for req_id, (start, block_ids) in so.new_block_ids.items():
-            self.block_tables.write(req_id, start, block_ids)
+        """Keep the runner's tables from what the scheduler sent (sched/output.py), then move K/V data."""
+        tables = self.block_tables
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            tables.remove(req_id)
+        for req_id, block_ids in so.new_block_tables.items():
+            tables.set_table(req_id, block_ids)
+        for req_id, block_ids in so.new_block_ids.items():
+            tables.append(req_id, block_ids)
+        for copy in so.block_copies:
+            tables.replace(copy.request_id, copy.index, copy.dst)
         if so.swap_out:
             self.swap_blocks(so.swap_out, to_cpu=True)
         if so.block_copies:
@@ -78,16 +86,16 @@ class ModelRunner:
         else:
             kv[:, :, dst.to(kv.device)] = cpu[:, :, src].to(kv.device)
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: block dst takes src's K and V, in every layer, in one indexing op."""
+    def copy_blocks(self, copies) -> None:
+        """Copy-on-write: each copy's dst block takes its src's K and V, in every layer, in one indexing op."""
         kv = self.attention.kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]
-        src = torch.tensor([s for s, _ in copies], device=kv.device)
-        dst = torch.tensor([d for _, d in copies], device=kv.device)
+        src = torch.tensor([c.src for c in copies], device=kv.device)
+        dst = torch.tensor([c.dst for c in copies], device=kv.device)
         kv[:, :, dst] = kv[:, :, src]
 
     def _prepare(self, so: SchedulerOutput):
         """input_ids, positions [T]; attention metadata; rows to sample from; the requests that sample."""
-        num_new = np.array(so.num_scheduled_tokens)  # [B]
+        num_new = np.array([so.num_scheduled_tokens[r.request_id] for r in so.scheduled])  # [B]
         num_computed = np.array([r.num_computed_tokens for r in so.scheduled])  # [B]
         qsl = np.concatenate([[0], np.cumsum(num_new)])  # [B + 1]
         req_idx = np.repeat(np.arange(len(num_new)), num_new)  # [T] which request each token belongs to

@@ -42,6 +42,9 @@ class TritonAttention:
         self.partition_size = partition_size  # V2's partition; lower it to exercise V2 on short contexts
         self.versions_run: set[str] = set()  # which decode kernels ran ("v1", "v2"), for tests and benches
 
+    def prepare(self, meta: AttentionMetadata) -> None:
+        pass  # the kernels read the block table in place: nothing to plan
+
     def forward(self, layer_idx, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache[layer_idx]
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
