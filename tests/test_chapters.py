@@ -63,6 +63,29 @@ def test_relative_links_resolve(doc: Path):
     assert not missing, f"{doc_id(doc)}: links to missing files: {missing}"
 
 
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+
+
+def anchors(doc: Path) -> set[str]:
+    """GitHub's anchor of every heading outside fenced code: lower case, punctuation dropped, spaces to '-'."""
+    text = FENCE.sub("", doc.read_text(encoding="utf-8"))
+    return {re.sub(r"[^\w\- ]", "", h.replace("`", "").lower()).replace(" ", "-") for h in HEADING.findall(text)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=doc_id)
+def test_anchors_name_headings(doc: Path):
+    """[...](97-architecture.md#invariants) and [...](#measurements) point at a heading that exists."""
+    broken = []
+    for _, target in links(doc):
+        if target.startswith(EXTERNAL) or "#" not in target:
+            continue
+        file, anchor = target.split("#", 1)
+        path = (doc.parent / file).resolve() if file else doc
+        if path.suffix == ".md" and path.exists() and anchor not in anchors(path):
+            broken.append(target)
+    assert not broken, f"{doc_id(doc)}: anchors that name no heading: {broken}"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=doc_id)
 def test_figure_links_resolve(doc: Path):
     missing = [t for _, t, p in local_targets(doc) if is_figure(p) and not p.exists()]
@@ -91,5 +114,7 @@ def test_link_checker_itself(tmp_path: Path):
         encoding="utf-8",
     )
     assert [(label, t) for label, t, _ in local_targets(doc)] == [("`A`", "a.py"), ("fig", "f.png")]
+    doc.write_text("# 5. The `check_stop` order, twice\n## Who owns what?\n", encoding="utf-8")
+    assert anchors(doc) == {"5-the-check_stop-order-twice", "who-owns-what"}
     src = "class A:\n    n: int = 0\n    def f(self): ...\nB = 1\n"
     assert all(defines(src, s) for s in ("A", "n", "f", "B")) and not defines(src, "C")
