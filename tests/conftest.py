@@ -35,7 +35,7 @@ def need_triton():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """In CI a skipped stage-6 (Triton) test is a failure (DESIGN §7)."""
+    """In CI a skipped stage-6 (Triton) test is a failure (chapters/97-architecture.md, Tests and CI)."""
     outcome = yield
     report = outcome.get_result()
     if REQUIRE_TRITON and report.skipped and item.get_closest_marker("stage6") is not None:

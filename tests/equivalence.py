@@ -1,4 +1,4 @@
-"""The DESIGN §5 comparison rule, shared by every equivalence test.
+"""The chapters/97-architecture.md, Invariants comparison rule, shared by every equivalence test.
 
 Float32 on CPU is not bit-identical across batch shapes, so a mismatch is
 accepted only if, at the first differing position, the oracle's top-2 logit

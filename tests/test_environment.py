@@ -12,7 +12,7 @@ def test_triton_is_installed_in_ci():
 
 
 def test_bookkeeping_never_imports_torch():
-    """kv/ and sched/ are pure Python so they are tested in milliseconds (DESIGN §2)."""
+    """kv/ and sched/ are pure Python so they are tested in milliseconds (chapters/97-architecture.md, Layout)."""
     import pathlib
 
     import pagedlab

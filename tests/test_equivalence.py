@@ -1,4 +1,4 @@
-"""The test that matters most: every stage produces the oracle's greedy tokens (DESIGN §5).
+"""The test that matters most: every stage produces the oracle's greedy tokens (97-architecture.md, Invariants).
 
 One test, parametrized over every implemented stage and many engine configs
 (block sizes, batch sizes, pool sizes). A later stage adds its own configs

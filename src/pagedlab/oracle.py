@@ -12,7 +12,7 @@ its sampled tokens); Hugging Face transformers in turn checks the oracle.
 Alongside each token the oracle records the gap between its top-2 logits: a
 cached engine computes the same numbers in another order, so when two tokens
 are within float noise (gap < 1e-4) a different pick is not a bug
-(DESIGN §5).
+(chapters/97-architecture.md, Invariants).
 """
 
 from __future__ import annotations

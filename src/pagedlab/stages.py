@@ -24,7 +24,8 @@ from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.sched.continuous import ContinuousScheduler
-from pagedlab.sched.groups import NoSharing, PromptSharing
+from pagedlab.sched.groups import NoSharing
+from pagedlab.sched.sharing import PromptSharing
 from pagedlab.sched.static import StaticScheduler
 
 # Engine settings that only some stages read (every other EngineConfig field is read by every stage).

@@ -20,7 +20,7 @@ from tests.conftest import need_triton
 
 pytestmark = pytest.mark.stage6
 
-DESIGN_FIELDS = ("impl", "batch", "context_len", "dtype", "latency_us", "bandwidth_share", "max_abs_err")
+ROW_FIELDS = ("impl", "batch", "context_len", "dtype", "latency_us", "bandwidth_share", "max_abs_err")
 IMPLS = {"torch", "triton-v1", "triton-v2", "triton-prefill", "sdpa"}
 # fp16: output rounding (half an ulp near 1). bf16: the interpreter truncates fp32 -> bf16 on store: a whole ulp.
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -47,7 +47,7 @@ def test_cpu_run_has_every_field_and_null_timings(cpu_rows):
     assert {r["dtype"] for r in cpu_rows} == set(TOL)
     assert len(cpu_rows) == len(IMPLS) * len(TOL)  # one batch, one context
     for r in cpu_rows:
-        assert set(DESIGN_FIELDS) <= r.keys()
+        assert set(ROW_FIELDS) <= r.keys()
         assert r["error"] is None, r
         assert r["latency_us"] is None and r["bandwidth_share"] is None and r["gbps"] is None
         assert r["interpreted"] and r["call_s"] > 0
@@ -70,7 +70,7 @@ def test_json_stdout_is_one_object():
         result = bench.run_bench("kernel", as_json=True, batches=(2,), context_lens=(37,), dtypes=("float32",))
     assert json.loads(stdout.getvalue()) == result and stdout.getvalue().count("\n") == 1
     assert result["bench"] == "kernel" and len(result["rows"]) == len(IMPLS)
-    assert all(set(DESIGN_FIELDS) <= row.keys() for row in result["rows"])
+    assert all(set(ROW_FIELDS) <= row.keys() for row in result["rows"])
 
 
 def test_without_triton_the_bench_says_so_and_returns_no_rows(monkeypatch):

@@ -1,4 +1,5 @@
-"""`pagedlab bench scheduler`: the fake-model decode loop and its JSON rows (no timing thresholds: DESIGN §7)."""
+"""`pagedlab bench scheduler`: the fake-model decode loop and its JSON rows (no timing thresholds: benches show
+performance, tests never time it)."""
 
 import contextlib
 import io

@@ -131,7 +131,7 @@ def test_every_system_generates_the_static_tokens_even_when_preempting():
     model = load_model().model
     for name, got in served.items():
         for i, (a, b) in enumerate(zip(got.token_ids, static.token_ids)):
-            if a != b:  # DESIGN §5: only a near tie in the oracle's logits may tell them apart
+            if a != b:  # only a near tie in the oracle's logits may tell them apart (97-architecture.md, Invariants)
                 expected = greedy(model, list(stream[i].prompt_token_ids), stream[i].output_len)
                 assert_matches_oracle(a, expected, f"{name} request {i}")
                 assert_matches_oracle(b, expected, f"static request {i}")

@@ -9,8 +9,8 @@ from pagedlab.config import EngineConfig
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.continuous import ContinuousScheduler
-from pagedlab.sched.groups import PromptSharing
 from pagedlab.sched.output import ModelRunnerOutput
+from pagedlab.sched.sharing import PromptSharing
 
 pytestmark = pytest.mark.stage5
 

@@ -1,12 +1,13 @@
-"""Benchmarks: `pagedlab bench NAME [--json]`, the paper's tables and figures at our scale (DESIGN §6).
+"""Benchmarks: `pagedlab bench NAME [--json]`, the paper's tables and figures at our scale.
 
 Builds on: bench/workloads.py (seeded request streams shared by every bench) and the bench modules.
-Read with: DESIGN.md §6.
+Read with: chapters/97-architecture.md (Benchmarks).
 
 A bench is a function `run_NAME(console, *, figure=True, **options) -> {"bench": NAME, "rows": [...]}`
 registered in BENCHES. It prints its progress and its table (the paper's figures beside ours) on
 `console`, which is stderr, so that with `--json` stdout carries exactly one JSON object. Each row is
-flat, with the fields DESIGN §6 lists for that bench (null where they do not apply), fractions as 0-1
+flat, with the fields chapters/97-architecture.md (Benchmarks) lists for that bench (null where they do
+not apply), fractions as 0-1
 numbers and times in seconds. Adding a bench = one module + one entry in BENCHES (a long bench keeps its
 tables and figure in a NAME_report.py beside it).
 """

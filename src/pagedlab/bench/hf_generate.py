@@ -2,7 +2,7 @@
 
 Builds on: bench/throughput.py (the stream and what a system reports of it), Hugging Face transformers
 (optional: the baseline runs only when it is installed).
-Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
 The bundled model is loaded as transformers' LlamaForCausalLM and serves the
 stream in batches of max_num_seqs, in stream order, each left-padded to its

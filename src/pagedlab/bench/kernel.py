@@ -1,13 +1,13 @@
 """Benchmarks: `pagedlab bench kernel`, the stage-6 Triton kernels against the torch reference.
 
 Builds on: bench/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton/decode.py,
-attention/triton/prefill.py, attention/paged.py (the torch reference).
-Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
+attention/triton/prefill.py, attention/tiled.py (the torch path).
+Read with: chapters/97-architecture.md (Benchmarks), chapters/06-triton-kernel.md.
 
 One decode step of B requests, each with a context of L tokens in a paged cache with shuffled block tables:
 
     impl            what runs
-    torch           PagedAttention.forward: gather K/V through the block table into [B, L, KVH, D], softmax
+    torch           TiledPagedAttention.forward (stage 5, the fallback): gather every decode's tiles, batched softmax
     triton-v1       paged_decode(version="v1"): one program per (request, head) walks its block table
     triton-v2       paged_decode(version="v2"): one program per (request, head, partition), then a reduce
     sdpa            torch's scaled_dot_product_attention over contiguous K/V: no paging at all
@@ -157,7 +157,8 @@ def config_rows(case: PagedCase, chunk: int, common: dict) -> list[dict]:
 
 
 def make_row(impl: str, m: dict, nbytes: int, common: dict, **extra) -> dict:
-    """A flat row: DESIGN §6 fields first; bandwidth_share only for decode (prefill is compute-bound)."""
+    """A flat row, the fields of chapters/97-architecture.md first; bandwidth_share only for decode (prefill is
+    compute-bound)."""
     gbps = nbytes / (m["latency_us"] * 1e-6) / 1e9 if m["latency_us"] else None
     peak = common["peak_gbps"]
     share = gbps / peak if gbps and peak and impl != "triton-prefill" else None

@@ -1,7 +1,7 @@
 """Benchmarks: the cases `pagedlab bench kernel` runs, a random paged cache and every impl as a call over it.
 
-Builds on: attention/triton/decode.py, attention/triton/prefill.py, attention/paged.py (the torch reference).
-Read with: DESIGN.md §6, chapters/06-triton-kernel.md.
+Builds on: attention/triton/decode.py, attention/triton/prefill.py, attention/tiled.py (the torch path).
+Read with: chapters/97-architecture.md (Benchmarks), chapters/06-triton-kernel.md.
 
 A case is B requests of L tokens each in a paged cache whose block tables are
 a shuffled draw of the pool (one block is left out, so no table covers the
@@ -119,12 +119,13 @@ def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:
     """impl name -> a no-argument function returning [B, H, D], all over the same cache and queries."""
     import torch.nn.functional as F
 
-    from pagedlab.attention.paged import PagedAttention
+    from pagedlab.attention.tiled import TiledPagedAttention
     from pagedlab.attention.triton.decode import paged_decode
 
     s, meta, ctx = case.shape, decode_metadata(case), case.context_len
     scale, rows = s.head_dim**-0.5, meta.decode_rows
-    torch_attn = PagedAttention(case.kv_cache, s.num_heads // s.num_kv_heads, s.head_dim)
+    torch_attn = TiledPagedAttention(case.kv_cache, s.num_heads // s.num_kv_heads, s.head_dim)
+    torch_attn.prepare(meta)  # once per step in the engine, shared by every layer: not part of a layer's time
     # forward() stores the new token first: give it the K/V already in its slot, so the cache stays as it is
     k_new = case.k_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]
     v_new = case.v_cache.reshape(-1, s.num_kv_heads, s.head_dim)[meta.slot_mapping]

@@ -1,7 +1,7 @@
 """Benchmarks: the KV memories `pagedlab bench memory` compares, contiguous regions (first fit) and paged blocks.
 
 Builds on: kv/paged.py (the stage-2 manager, used as is), request.py.
-Read with: DESIGN.md §6, chapters/02-paged-blocks.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/02-paged-blocks.md.
 
 Each system is a KVSpace: the KV managers' `allocate_slots` / `free` vocabulary,
 counted in slots so that contiguous regions and paged blocks compare directly.

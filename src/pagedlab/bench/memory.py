@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench memory`, the vLLM paper's Figure 2 at our scale (where does KV memory go?).
 
 Builds on: bench/kv_spaces.py (first-fit regions, and the stage-2 manager used as is), request.py, bench/workloads.py.
-Read with: DESIGN.md §6, chapters/02-paged-blocks.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/02-paged-blocks.md.
 
 A fake model (no forward pass, no torch) runs a saturated stream of requests
 over a fixed pool of KV slots. Every step, each running request computes its
@@ -157,7 +157,7 @@ def classify(space: KVSpace, running: list[Request]) -> StepCounts:
 def memory_row(
     system: str, block_size: int | None, workload: str, specs: list[RequestSpec], result: SimResult, pool_slots: int
 ) -> dict:
-    """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
+    """One flat row of the bench's JSON (the row fields of chapters/97-architecture.md first, then extras)."""
     n = len(result.steps)
     if not n:
         raise InvariantError(f"{system} on {workload}: no measured step (use more requests or a smaller pool)")

@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench prefix`, the vLLM paper's §6.4 at our scale (how much prefill does a prefix save?).
 
 Builds on: llm.py (the stage-4 engine: kv/prefix.py behind the static scheduler), bench/workloads.py.
-Read with: DESIGN.md §6, chapters/04-prefix-caching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/04-prefix-caching.md.
 
 Every request of a stream starts with the same prefix (80 or 341 tokens: the
 paper's one-shot and five-shot translation prompts) and ends with a short
@@ -136,7 +136,7 @@ def fastest(runs: list[ServeResult]) -> ServeResult:
 
 
 def prefix_row(workload: str, caching: bool, specs: list[PrefixedRequest], result: ServeResult, **config) -> dict:
-    """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
+    """One flat row of the bench's JSON (the row fields of chapters/97-architecture.md first, then extras)."""
     prompt_tokens = sum(s.prompt_len for s in specs)
     if result.computed_prefill_tokens != prompt_tokens - result.prefix_cache_hits:
         raise InvariantError(

@@ -1,7 +1,7 @@
 """Benchmarks: the tables and the figure of `pagedlab bench prefix`, drawn from its rows.
 
 Builds on: bench/prefix.py (the rows: one without and one with caching per workload), rich, matplotlib through viz.
-Read with: DESIGN.md §6, chapters/04-prefix-caching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/04-prefix-caching.md.
 
     prefix_table   one line per run: prompt tokens, those computed, hit rate, TTFT, prefill, total and CPU time
     gains_table    caching on ÷ off per workload, the paper's throughput gain beside ours

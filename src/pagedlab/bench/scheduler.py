@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench scheduler`, the cost of one schedule() + update() as the running batch grows.
 
 Builds on: the stage-5 parts (sched/continuous.py, its KV manager), request.py, sched/output.py.
-Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
 A fake model stands in for the forward pass (no tensors at all): every request
 that reached the end of its known tokens samples the same token. N requests
@@ -102,7 +102,8 @@ def time_decode_steps(num_running: int, steps: int = STEPS) -> dict:
 
 
 def scheduler_row(num_running: int, timings: dict) -> dict:
-    """One flat row: DESIGN §6 fields first, then extras. Medians: other work on the machine only adds outliers."""
+    """One flat row, the fields of chapters/97-architecture.md first, then extras. Medians: other work on the
+    machine only adds outliers."""
     per_step = [s + u for s, u in zip(timings["schedule_ns"], timings["update_ns"])]
     us_per_step = statistics.median(per_step) / 1000
     return {

@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench sharing`, the vLLM paper's Figure 15 at our scale (what does sharing KV blocks save?).
 
 Builds on: llm.py (the stage-3 engine: kv/cow.py behind sched/cow.py and sched/beam.py), bench/workloads.py.
-Read with: DESIGN.md §6, chapters/03-copy-on-write.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/03-copy-on-write.md.
 
 The bundled model generates real samples (parallel sampling, n per request)
 and real beams (beam search, beam_width per request) on the stage-3 engine,
@@ -148,7 +148,8 @@ def sharing_row(
     max_num_seqs: int = MAX_NUM_SEQS,
     seed: int = SEED,
 ) -> dict:
-    """Run one stream in one mode and width on a fresh stage-3 engine; one flat row (DESIGN §6 fields first)."""
+    """Run one stream in one mode and width on a fresh stage-3 engine; one flat row (the fields of
+    chapters/97-architecture.md first)."""
     from pagedlab.llm import LLM
 
     # Admission counts a group's prompt once per sample or beam against max_num_batched_tokens: with the default

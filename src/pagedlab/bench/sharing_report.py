@@ -1,7 +1,7 @@
 """Benchmarks: the table and the figure of `pagedlab bench sharing`, drawn from its rows.
 
 Builds on: bench/sharing.py (the rows and its modes), rich, matplotlib through viz.
-Read with: DESIGN.md §6, chapters/03-copy-on-write.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/03-copy-on-write.md.
 
     sharing_table   one line per (workload, mode, width): blocks saved, the paper's beside ours
     03_sharing.png  grouped bars like the paper's Fig. 15, one panel per mode (parallel sampling, beam search)

@@ -1,8 +1,8 @@
-"""Benchmarks: `pagedlab bench throughput`, continuous vs static batching on the bundled model (DESIGN §6).
+"""Benchmarks: `pagedlab bench throughput`, continuous vs static batching on the bundled model.
 
 Builds on: llm.py (stage 4 `prefix`: static batching; stage 5 `continuous`), bench/workloads.py, and Hugging Face
 transformers when it is installed (the `hf-generate` baseline, bench/hf_generate.py).
-Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
 One seeded ShareGPT-like stream, every request queued at t=0, greedy, output
 lengths enforced with ignore_eos. Each system serves the whole stream:
@@ -187,7 +187,7 @@ def needed_context(stream: list[StreamRequest]) -> int:
 
 
 def throughput_row(system: str, stream: list[StreamRequest], served: Served, **extras) -> dict:
-    """One flat row of the bench's JSON (DESIGN §6 fields first, then extras)."""
+    """One flat row of the bench's JSON (the row fields of chapters/97-architecture.md first, then extras)."""
     out_lens = [r.output_len for r in stream]
     got = [len(t) for t in served.token_ids]
     if got != out_lens:

@@ -1,7 +1,7 @@
 """Benchmarks: the tables and the figure of `pagedlab bench throughput`, drawn from its rows.
 
 Builds on: bench/throughput.py (the rows, its system names and target), rich, matplotlib through viz.
-Read with: DESIGN.md §6, chapters/05-continuous-batching.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
 Three things are printed after the runs, and one figure is written:
 

@@ -1,7 +1,7 @@
 """Benchmarks: seeded synthetic request streams shaped like the vLLM paper's datasets.
 
 Builds on: nothing (pure Python, no torch, no numpy: the same seed gives the same stream everywhere).
-Read with: DESIGN.md §6, chapters/02-paged-blocks.md.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/02-paged-blocks.md.
 
 The paper (Kwon et al., SOSP 2023, Fig. 11) samples prompts and outputs from
 two datasets. We keep only their shape: a long-tailed length distribution with

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class EngineStats:
-    """Counters since the engine started (DESIGN §3 names)."""
+    """Counters since the engine started (the names of chapters/97-architecture.md, The public API)."""
 
     num_steps: int = 0  # engine steps that ran a batch
     num_generated_tokens: int = 0  # output tokens sampled

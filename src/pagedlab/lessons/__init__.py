@@ -5,7 +5,7 @@ lessons/stage5.py (each stage's workload, runs and figures), drawn by viz/ and v
 Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md, chapters/03-copy-on-write.md,
 chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
 
-Figures are never drawn by hand (DESIGN §1). Each figure is one function
+Figures are never drawn by hand (chapters/97-architecture.md, Layout). Each figure is one function
 `(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
 workload is greedy, so the same code gives the same pictures on every machine.
 Every public name of the stage modules is importable from here (`from pagedlab.lessons import STAGE2_POOL`).

@@ -1,6 +1,6 @@
 """Course assignments: `pagedlab assignment make N --out DIR` and `pagedlab assignment grade DIR`.
 
-Builds on: the `# BEGIN SOLUTION` / `# END SOLUTION` regions marked in src/ (DESIGN §8).
+Builds on: the `# BEGIN SOLUTION` / `# END SOLUTION` regions marked in src/ (chapters/97-architecture.md, Assignments).
 Read with: chapters/98-assignments.md.
 
 A region belongs to the stage named by its module's docstring ("Stage N: ...").

@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
 
-    bench = sub.add_parser("bench", help="the paper's measurements at our scale (DESIGN §6): memory, ...")
+    bench = sub.add_parser("bench", help="the paper's measurements at our scale: memory, sharing, prefix, ...")
     bench.add_argument("name", help="which bench, e.g. memory")
     bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
     bench.add_argument("--no-figure", action="store_true", help="do not write the bench's figure under figures/")

@@ -58,7 +58,7 @@ TEXT_CHARS = 40  # the tail of each request's text shown live
 class DemoOptions:
     """What `pagedlab demo` runs; the CLI flags map one to one."""
 
-    stage: int | str | None = None  # None = the default stage ("continuous", DESIGN §3)
+    stage: int | str | None = None  # None = the default stage ("continuous")
     model: str = BUNDLED_MODEL  # the bundled model or a Hugging Face folder
     num_requests: int = 8  # prompts cycle through PROMPTS
     max_tokens: int = 32  # output tokens per request at most
