@@ -222,13 +222,27 @@ def test_cli_json_is_one_object_with_every_field_on_every_row(capsys, monkeypatc
     assert "token states" in captured.err  # the table went to stderr
 
 
-def test_bench_writes_the_figure(tmp_path):
+def test_bench_writes_the_figure_and_the_rows_it_was_drawn_from(tmp_path):
     from rich.console import Console
+
+    from pagedlab.bench.common import read_rows
 
     result = run_memory(Console(quiet=True), figures_dir=tmp_path, **SMALL)
     assert (tmp_path / "02_memory.png").stat().st_size > 10_000
+    written = read_rows(tmp_path / "02_memory.json")  # the same run's rows, beside the figure
+    assert written["bench"] == "memory" and written["rows"] == result["rows"]
     paper = {r["system"]: r["paper_token_states"] for r in result["rows"] if r["workload"] == "sharegpt"}
     assert paper["contiguous-max"] == 0.204 and paper["paged"] == 0.963
+
+
+def test_repeats_is_refused_by_a_bench_that_does_not_repeat(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "memory", "--repeats", "3", "--no-figure"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("pagedlab bench: --repeats: only throughput and prefix repeat")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", "--repeats", "0", "--no-figure"])
+    assert exit_info.value.code == 2 and "--repeats must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_unknown_bench_lists_the_known_ones(capsys):

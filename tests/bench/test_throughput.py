@@ -1,4 +1,5 @@
-"""`pagedlab bench throughput`: the stream, the JSON rows, equal tokens across systems, the figure (tiny streams)."""
+"""`pagedlab bench throughput`: the stream, rounds taken in turns, the JSON rows with their spread, equal tokens
+across systems, honest words about the target, the figure (tiny streams; no test asserts a speed)."""
 
 import contextlib
 import functools
@@ -10,17 +11,22 @@ import torch
 
 from pagedlab import bench
 from pagedlab.bench.hf_generate import hf_available, load_hf_model, serve_hf
+from pagedlab.bench.rounds import round_robin, spread
 from pagedlab.bench.throughput import (
     ENGINE_SYSTEMS,
     HF_SYSTEM,
     EngineSystem,
+    Served,
     StreamRequest,
+    best_run,
     make_stream,
     needed_context,
     pool_blocks,
     serve_engine,
+    throughput_row,
 )
-from pagedlab.bench.throughput_report import plot_throughput, save_throughput_figure
+from pagedlab.bench.throughput_report import plot_throughput, save_throughput_figure, start_line, target_line
+from pagedlab.errors import InvariantError
 from pagedlab.model.loader import bundled_model_path, load_model
 from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.oracle import greedy
@@ -39,8 +45,9 @@ REQUIRED_FIELDS = (
     "ttft_s",
     "preemptions",
 )
-# Six requests of a few tokens each, two seats: three static batches, and continuous refilling its seats.
-SMALL = {"num_requests": 6, "length_scale": 0.05, "max_num_seqs": 2}
+# Six requests of a few tokens each, two seats: three static batches, and continuous refilling its seats; two rounds.
+SMALL = {"num_requests": 6, "length_scale": 0.05, "max_num_seqs": 2, "repeats": 2}
+SPREAD_FIELDS = ("tokens_per_s_median", "tokens_per_s_worst", "tokens_per_cpu_s", "tokens_per_cpu_s_median")
 
 
 @pytest.fixture(autouse=True)
@@ -58,12 +65,12 @@ def tokenizer() -> Tokenizer:
 
 
 @functools.cache
-def small_result() -> tuple[dict, str]:
-    """The bench through its registry on the small stream: (the result, what it printed on stdout)."""
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+def small_result() -> tuple[dict, str, str]:
+    """The bench through its registry on the small stream: (the result, what it printed on stdout, on stderr)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         result = bench.run_bench("throughput", as_json=True, figure=False, priority_table=False, **SMALL)
-    return result, stdout.getvalue()
+    return result, stdout.getvalue(), stderr.getvalue()
 
 
 def test_stream_is_seeded_scaled_and_starts_with_bos():
@@ -86,7 +93,7 @@ def test_the_pool_binds_the_batch_but_holds_the_longest_request():
 
 
 def test_json_stdout_is_one_object_with_every_field_of_every_system():
-    result, stdout = small_result()
+    result, stdout, _ = small_result()
     assert json.loads(stdout) == result and stdout.count("\n") == 1
     rows = result["rows"]
     expected = [s.name for s in ENGINE_SYSTEMS] + ([HF_SYSTEM] if hf_available() else [])
@@ -98,6 +105,86 @@ def test_json_stdout_is_one_object_with_every_field_of_every_system():
             assert row[key] > 0, (row["system"], key)
         assert row["ttft_s"] <= row["latency_s"] and 0 <= row["same_tokens_as_static"] <= 1
         assert row["context_padding"] >= 1  # padding only adds to what the decodes need
+        assert row["runs"] == row["repeats"] == 2 and all(row[key] > 0 for key in SPREAD_FIELDS)
+        assert row["tokens_per_s_worst"] <= row["tokens_per_s_median"] <= row["tokens_per_s"]
+
+
+# --- rounds: the systems take turns, and each reports its best run and the spread --------------------------------
+
+
+def test_the_bench_runs_its_systems_in_turns_and_says_first_how_long_it_takes():
+    err = small_result()[2]
+    names = [s.name for s in ENGINE_SYSTEMS] + ([HF_SYSTEM] if hf_available() else [])
+    lines = [line for line in err.splitlines() if line.startswith("throughput: round")]
+    assert [line.split(", ", 1)[1].rstrip(" …") for line in lines] == names + names  # round 1, then round 2
+    head = " ".join(err.split("throughput: round")[0].split())  # before the first run (rich may wrap it)
+    assert head.startswith(f"throughput: {len(names)} systems x 2 rounds") and "on a quiet 2-core CPU" in head
+
+
+def test_round_robin_calls_every_job_once_per_round_in_order():
+    calls = []
+    jobs = {name: functools.partial(calls.append, name) for name in ("static", "continuous", "hf-generate")}
+    announced = []
+    runs = round_robin(jobs, 3, lambda name, i: announced.append((i, name)))
+    assert calls == ["static", "continuous", "hf-generate"] * 3
+    assert announced == [(i, name) for i in (1, 2, 3) for name in jobs]
+    assert {name: len(results) for name, results in runs.items()} == dict.fromkeys(jobs, 3)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        round_robin(jobs, 0)
+
+
+def test_spread_is_the_best_the_median_and_the_worst():
+    assert spread([3.0, 1.0, 2.0], "tokens_per_s") == {
+        "tokens_per_s": 3.0,
+        "tokens_per_s_median": 2.0,
+        "tokens_per_s_worst": 1.0,
+    }
+
+
+def served(total_s: float, cpu_s: float, tokens=((1, 2), (3,))) -> Served:
+    """A made-up run of a two-request stream (2 and 1 output tokens): only its times differ from run to run."""
+    return Served([list(t) for t in tokens], [0.1, 0.2], [0.5, total_s], total_s, cpu_s, 3, 0, 0.9, 8, 6)
+
+
+def test_a_row_reports_the_fastest_run_and_the_spread_of_all_runs():
+    stream = [StreamRequest((0, 5), 2), StreamRequest((0, 6, 7), 1)]
+    runs = [served(3.0, 1.5), served(1.0, 2.0), served(2.0, 1.0)]  # 3 output tokens each
+    row = throughput_row("static", stream, runs)
+    assert row["total_s"] == 1.0 and row["tokens_per_s"] == 3.0  # the fastest run
+    assert (row["tokens_per_s_median"], row["tokens_per_s_worst"]) == (1.5, 1.0)
+    assert row["cpu_s"] == 1.0 and row["tokens_per_cpu_s"] == 3.0  # the least CPU time, whichever run it was
+    assert row["tokens_per_cpu_s_worst"] == 1.5 and row["runs"] == 3
+
+
+def test_identical_runs_that_produced_different_tokens_are_a_bug():
+    with pytest.raises(InvariantError, match="changed between identical runs"):
+        best_run("static", [served(1.0, 1.0), served(1.0, 1.0, tokens=((1, 2), (4,)))])
+
+
+def ratio_rows(speedup: float, steps_ratio: float = 3.0) -> list[dict]:
+    """Two made-up rows: continuous `speedup` x static's tokens/s, in 1 / steps_ratio of its steps."""
+    base = {"tokens_per_s": 100.0, "tokens_per_s_median": 90.0, "tokens_per_cpu_s": 110.0, "requests_per_s": 1.0}
+    base |= {"normalized_latency_s": 0.3, "ttft_s": 10.0, "steps": 3000}
+    fast = {k: v * speedup for k, v in base.items()} | {"steps": 3000 / steps_ratio}
+    return [base | {"system": "static"}, fast | {"system": "continuous"}]
+
+
+def test_a_target_not_reached_is_said_plainly_with_what_bounds_it():
+    line = target_line(ratio_rows(1.65))
+    assert "1.65x tokens/s" in line and "is below the 2x target on this run" in line
+    assert "static takes 3.00x the steps" in line and "on a CPU a step's cost grows" in line
+    assert "on a GPU" in line and "the step ratio (3.00x) is the bound" in line
+    assert "not met" not in line and "fail" not in line
+
+
+def test_a_target_reached_is_said_as_plainly():
+    assert "which meets the 2x target on this run" in target_line(ratio_rows(2.2))
+
+
+def test_the_start_line_scales_its_estimate_with_the_rounds():
+    one, four = (start_line({"repeats": n, "systems": ("static", "continuous")}) for n in (1, 4))
+    assert one.startswith("throughput: 2 systems x 1 round,") and four.startswith("throughput: 2 systems x 4 rounds")
+    assert "about" in one and "on a quiet 2-core CPU" in one
 
 
 def test_rows_say_what_does_not_apply_and_share_one_pool():

@@ -9,7 +9,9 @@ registered in BENCHES. It prints its progress and its table (the paper's figures
 flat, with the fields chapters/97-architecture.md (Benchmarks) lists for that bench (null where they do
 not apply), fractions as 0-1
 numbers and times in seconds. Adding a bench = one module + one entry in BENCHES (a long bench keeps its
-tables and figure in a NAME_report.py beside it).
+tables and figure in a NAME_report.py beside it). A bench whose figure a chapter shows writes the rows
+beside the figure in the same run (figures/NN_NAME.json: bench/common.py, bench/figures.py), and the
+chapter quotes those rows (bench/chapter_tables.py).
 """
 
 from __future__ import annotations

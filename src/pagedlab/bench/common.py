@@ -1,11 +1,24 @@
-"""Benchmarks: what several benches share: the corpus their prompts are cut from, and engines built for timing.
+"""Benchmarks: what several benches share: the corpus their prompts are cut from, engines built for timing, and
+the JSON rows written beside a figure.
 
 Builds on: llm.py, attention/tiled.py, tools/train.py (corpus_path).
-Read with: chapters/05-continuous-batching.md (Measurements).
+Read with: chapters/05-continuous-batching.md (Measurements), chapters/97-architecture.md (Benchmarks).
+
+A bench that draws a figure writes its rows beside it in the same run, so that the numbers a chapter
+quotes and the figure it shows cannot come from two different runs (bench/figures.py):
+
+    figures/05_throughput.png    drawn from the rows below
+    figures/05_throughput.json   {"bench": "throughput", "run": {how the run went}, "rows": [one per line]}
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,3 +53,45 @@ def timing_llm(stage: int | str, **engine_args) -> LLM:
         mc = llm.engine.model_config
         runner.attention = TiledPagedAttention(runner.attention.kv_cache, mc.num_queries_per_kv, mc.head_dim)
     return llm
+
+
+def write_rows_beside(result: dict, figure: Path, seconds: float) -> Path:
+    """Write a bench's result as JSON beside its figure (02_memory.png -> 02_memory.json): the bench's name, how
+    the run went (`run`: when, how long, the load on the machine), then its rows, one per line for readable diffs."""
+    run = {
+        "command": f"pagedlab bench {result['bench']}",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "seconds": round(seconds, 1),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 minutes; the bench itself counts
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": importlib.metadata.version("torch"),
+    }
+    rows = ",\n".join(f"  {json.dumps(row, allow_nan=False)}" for row in result["rows"])
+    path = Path(figure).with_suffix(".json")
+    head = f'{{"bench": {json.dumps(result["bench"])}, "run": {json.dumps(run)}, "rows": [\n'
+    path.write_text(f"{head}{rows}\n]}}\n", encoding="utf-8")
+    return path
+
+
+def read_rows(path: str | Path) -> dict:
+    """A result written by write_rows_beside: {"bench", "run", "rows"}."""
+    result = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(result.get("rows"), list) or "bench" not in result:
+        raise ValueError(f"{path}: not a bench's rows (no 'bench' and 'rows')")
+    return result
+
+
+def wrote_line(figure: Path, rows: Path) -> str:
+    """The last word of a bench that drew a figure: where it went, and that the chapters quote the committed one."""
+    return (
+        f"wrote {figure} and {rows.name}; the chapters quote the committed figures/ (`git checkout figures/` "
+        "restores them, `pagedlab figures` redraws from their JSON)"
+    )
+
+
+def rough_duration(seconds: float) -> str:
+    """'about 40 s', 'about 2 min': an estimate, rounded as one."""
+    if seconds >= 90:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {max(1, round(seconds, -1 if seconds >= 10 else 0)):.0f} s"

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedlab.bench.common import write_rows_beside, wrote_line
 from pagedlab.bench.kv_spaces import SYSTEMS, KVSpace, make_space
 from pagedlab.bench.workloads import RequestSpec, sample_requests
 from pagedlab.errors import InvariantError, check
@@ -211,7 +212,7 @@ def run_memory(
     block_sizes=BLOCK_SIZES,
     seed: int = 0,
 ) -> dict:
-    """The `memory` bench: rows for both workloads, a table on `console`, and figures/02_memory.png."""
+    """The `memory` bench: rows for both workloads, a table on `console`, figures/02_memory.png + .json."""
     rows, start = [], time.perf_counter()
     for workload, n in (num_requests or NUM_REQUESTS).items():
         console.print(f"[dim]memory: {workload}, {n} requests, {pool_slots} slots …[/dim]")
@@ -221,10 +222,12 @@ def run_memory(
         gain = batch_gain(rows, workload)
         if gain is not None:
             console.print(f"{workload}: paged (block 16) batches {gain:.1f}x the requests of contiguous-max")
+    result = {"bench": "memory", "rows": rows}
     if figure:
-        console.print(f"wrote {save_memory_figure(rows, figures_dir)}")
+        png = save_memory_figure(rows, figures_dir)
+        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
     console.print(f"[dim]memory: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "memory", "rows": rows}
+    return result
 
 
 def save_memory_figure(rows: list[dict], figures_dir: str | Path) -> Path:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, timing_llm, write_rows_beside, wrote_line
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, PrefixedRequest, shared_prefix_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
@@ -196,7 +196,7 @@ def run_prefix(
     workloads=tuple(SHARED_PREFIX_LENS),
     **options,
 ) -> dict:
-    """The `prefix` bench: rows for both workloads, tables on `console`, and figures/04_prefix.png."""
+    """The `prefix` bench: rows for both workloads, tables on `console`, figures/04_prefix.png + .json."""
     from pagedlab.bench.prefix_report import gains_table, prefix_table, save_prefix_figure
 
     start = time.perf_counter()
@@ -210,7 +210,9 @@ def run_prefix(
         rows += prefix_rows(workload, corpus_ids, **options)
     console.print(prefix_table(rows))
     console.print(gains_table(rows))
+    result = {"bench": "prefix", "rows": rows}
     if figure:
-        console.print(f"wrote {save_prefix_figure(rows, figures_dir)}")
+        png = save_prefix_figure(rows, figures_dir)
+        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
     console.print(f"[dim]prefix: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "prefix", "rows": rows}
+    return result

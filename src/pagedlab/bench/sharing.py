@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import corpus_token_ids
+from pagedlab.bench.common import corpus_token_ids, write_rows_beside, wrote_line
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
 from pagedlab.errors import check
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
@@ -209,7 +209,7 @@ def run_sharing(
     max_num_seqs: int = MAX_NUM_SEQS,
     seed: int = SEED,
 ) -> dict:
-    """The `sharing` bench: rows for both workloads, a table on `console`, and figures/03_sharing.png."""
+    """The `sharing` bench: rows for both workloads, a table on `console`, figures/03_sharing.png + .json."""
     from pagedlab.bench.sharing_report import save_sharing_figure, sharing_table
 
     start = time.perf_counter()
@@ -221,7 +221,9 @@ def run_sharing(
         )
         rows += sharing_rows(workload, stream, corpus_ids, widths, MODES, block_size, max_num_seqs, seed)
     console.print(sharing_table(rows))
+    result = {"bench": "sharing", "rows": rows}
     if figure:
-        console.print(f"wrote {save_sharing_figure(rows, figures_dir)}")
+        png = save_sharing_figure(rows, figures_dir)
+        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
     console.print(f"[dim]sharing: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "sharing", "rows": rows}
+    return result

@@ -19,11 +19,13 @@ lengths enforced with ignore_eos. Each system serves the whole stream:
                 | B B B D D D D D |           D takes B's seat the step after B ends
                 | C C C C C E E E |
 
-Per system: tokens/s (output tokens ÷ wall time), requests/s, normalized latency
-(mean over requests of (finished - arrival) ÷ output length), time to first
-token, preemptions; plus the steps taken, the share of step time inside the
-model, and the process's CPU time (on a shared machine, wall time also counts
-the other programs; CPU time does not).
+The systems take turns, REPEATS rounds of one run each (bench/rounds.py), and
+each row reports its system's fastest run: tokens/s (output tokens ÷ wall time),
+requests/s, normalized latency (mean over requests of (finished - arrival) ÷
+output length), time to first token, preemptions, the steps taken, the share of
+step time inside the model; then the spread over runs (`tokens_per_s_median`,
+`_worst`) and the same per second of the process's CPU time (on a shared
+machine, wall time also counts the other programs; CPU time does not).
 
 Continuous batching takes fewer steps and, because it allocates KV blocks as
 tokens arrive instead of reserving each request's final length, it runs more
@@ -38,7 +40,7 @@ each context in tiles of block_size, at most block_size - 1 slots past its
 end), which is why it is reported rather than paid: it is what the tiles save.
 
 Lengths are the paper's ShareGPT shape (max_model_len 2048) scaled by 1/4 so
-that the bench runs in a few minutes on two CPU cores; torch runs on one thread.
+that the bench runs in about two minutes on two CPU cores; torch runs on one thread.
 Tables and figure: bench/throughput_report.py; latency by priority class: bench/priority.py.
 """
 
@@ -51,13 +53,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, timing_llm, write_rows_beside, wrote_line
+from pagedlab.bench.rounds import round_robin, spread
 from pagedlab.bench.workloads import sample_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
 
 WORKLOAD = "sharegpt"
-NUM_REQUESTS = 128  # four static batches of MAX_NUM_SEQS: static pays its longest-request tail four times
+NUM_REQUESTS = 128  # long enough that the end of the stream (a few requests left running alone) weighs little
 LENGTH_SCALE = 0.25  # prompt and output lengths x 1/4: prompt mean ~40, output mean ~100 tokens
 PAPER_MAX_MODEL_LEN = 2048  # lengths are drawn clipped as the paper's, then scaled
 MAX_NUM_SEQS = 32
@@ -66,6 +69,7 @@ SMALL_POOL_SHARE = 1 / 4  # the preempting systems' share of the pool (a third n
 TORCH_THREADS = 1  # the machine's cores are shared with other work: one thread keeps timings comparable
 CORPUS_CHARS = 200_000  # prompts are cut from the corpus's first characters
 TARGET_SPEEDUP = 2.0  # what continuous batching should gain over static here (tokens/s)
+REPEATS = 2  # rounds of one run per system (bench/rounds.py); each system's best run is reported
 PAPER = (
     "paper (Kwon et al. 2023, A100 GPUs): vLLM improves throughput 2-4x over FasterTransformer and Orca "
     "at the same latency; those baselines differ from ours (static batching in the same engine)"
@@ -186,9 +190,10 @@ def needed_context(stream: list[StreamRequest]) -> int:
     return sum((r.output_len - 1) * len(r.prompt_token_ids) + (r.output_len - 1) * r.output_len // 2 for r in stream)
 
 
-def throughput_row(system: str, stream: list[StreamRequest], served: Served, **extras) -> dict:
-    """One flat row of the bench's JSON (the row fields of chapters/97-architecture.md first, then extras)."""
-    out_lens = [r.output_len for r in stream]
+def throughput_row(system: str, stream: list[StreamRequest], runs: list[Served], **extras) -> dict:
+    """One flat row of the bench's JSON from a system's runs (the row fields of chapters/97-architecture.md first,
+    then extras): times from its fastest run, CPU time from its least, tokens/s best, median and worst."""
+    served, out_lens = best_run(system, runs), [r.output_len for r in stream]
     got = [len(t) for t in served.token_ids]
     if got != out_lens:
         raise InvariantError(f"{system}: output lengths {got} differ from the stream's {out_lens}")
@@ -200,10 +205,19 @@ def throughput_row(system: str, stream: list[StreamRequest], served: Served, **e
     row |= {"total_s": served.total_s, "latency_s": statistics.fmean(served.latency_s), "steps": served.steps}
     row |= {"output_tokens": output_tokens, "prompt_tokens": sum(len(r.prompt_token_ids) for r in stream)}
     row |= {"tokens_per_step": output_tokens / served.steps, "forward_share": served.forward_share}
-    row |= {"cpu_s": served.cpu_s, "tokens_per_cpu_s": output_tokens / served.cpu_s}
+    row |= spread([output_tokens / run.total_s for run in runs], "tokens_per_s")
+    row |= spread([output_tokens / run.cpu_s for run in runs], "tokens_per_cpu_s")
+    row |= {"cpu_s": min(run.cpu_s for run in runs), "runs": len(runs)}
     needed = needed_context(stream)
     row["context_padding"] = served.decode_context / needed if needed else None
     return row | extras
+
+
+def best_run(system: str, runs: list[Served]) -> Served:
+    """The fastest of a system's runs; identical runs must have produced identical tokens in as many steps."""
+    if any(run.token_ids != runs[0].token_ids or run.steps != runs[0].steps for run in runs):
+        raise InvariantError(f"{system}: tokens or steps changed between identical runs")
+    return min(runs, key=lambda run: run.total_s)
 
 
 def add_comparisons(rows: list[dict], served: dict[str, Served]) -> None:
@@ -225,13 +239,26 @@ def throughput_rows(
     block_size: int = BLOCK_SIZE,
     seed: int = 0,
     systems: tuple[str, ...] | None = None,
-    repeats: int = 1,
+    repeats: int = REPEATS,
 ) -> list[dict]:
     """Every system (all of ENGINE_SYSTEMS, and hf-generate when transformers is installed) on one seeded stream.
 
-    The systems take turns `repeats` times, each run on a fresh engine, and each system's fastest run is
-    reported: a burst of other work on the machine then slows one run, not one system.
+    The systems take turns, `repeats` rounds of one run each (bench/rounds.py), every run on a fresh engine.
     """
+    jobs, extras, stream, config = system_jobs(num_requests, length_scale, max_num_seqs, block_size, seed, systems)
+    announce = lambda name, i: console.print(f"[dim]throughput: round {i} of {repeats}, {name} …[/dim]")
+    runs = round_robin(jobs, repeats, announce)
+    rows = [throughput_row(name, stream, system_runs, **extras[name]) for name, system_runs in runs.items()]
+    add_comparisons(rows, {name: best_run(name, system_runs) for name, system_runs in runs.items()})
+    common = {**config, "length_scale": length_scale, "torch_threads": TORCH_THREADS, "seed": seed, "repeats": repeats}
+    return [row | common for row in rows]
+
+
+def system_jobs(
+    num_requests: int, length_scale: float, max_num_seqs: int, block_size: int, seed: int, systems: tuple | None
+) -> tuple[dict, dict, list[StreamRequest], dict]:
+    """(name -> a call that serves the whole stream once, name -> the row's extra fields, the stream, the config),
+    the systems in ENGINE_SYSTEMS order, then hf-generate; torch warmed up."""
     from pagedlab.bench.hf_generate import hf_job
     from pagedlab.config import parse_stage
     from pagedlab.llm import LLM
@@ -250,46 +277,41 @@ def throughput_rows(
         extras[system.name] = {"stage": parse_stage(system.stage), "preemption_mode": mode}
     if HF_SYSTEM in wanted and (job := hf_job(stream, max_num_seqs)):
         jobs[HF_SYSTEM], extras[HF_SYSTEM] = job, {"stage": None, "preemption_mode": None}
-    served = _fastest_runs(console, jobs, repeats, len(stream))
-    rows = [throughput_row(name, stream, run, **extras[name]) for name, run in served.items()]
-    add_comparisons(rows, served)
-    common = {**config, "length_scale": length_scale, "torch_threads": TORCH_THREADS, "seed": seed, "repeats": repeats}
-    return [row | common for row in rows]
-
-
-def _fastest_runs(console, jobs: dict, repeats: int, num_requests: int) -> dict[str, Served]:
-    """Run every job `repeats` times, taking turns; keep each one's fastest run."""
-    best: dict[str, Served] = {}
-    for i in range(repeats):
-        for name, serve in jobs.items():
-            console.print(f"[dim]throughput: {name}, {num_requests} requests, run {i + 1} of {repeats} …[/dim]")
-            run = serve()
-            if name not in best or run.total_s < best[name].total_s:
-                best[name] = run
-    return best
+    return jobs, extras, stream, config
 
 
 def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
-    """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png. Torch runs on one thread."""
+    """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png + .json. Torch: one thread."""
     import torch
 
     from pagedlab.bench.priority import priority_section
-    from pagedlab.bench.throughput_report import ratios_table, save_throughput_figure, target_line, throughput_table
+    from pagedlab.bench.throughput_report import (
+        ratios_table,
+        save_throughput_figure,
+        start_line,
+        steps_table,
+        target_line,
+        throughput_table,
+    )
 
     start, threads = time.perf_counter(), torch.get_num_threads()
     show_priority = options.pop("priority_table", True)
+    console.print(start_line(options))
     torch.set_num_threads(TORCH_THREADS)
     try:
         rows = throughput_rows(console, **options)
     finally:
         torch.set_num_threads(threads)
     console.print(throughput_table(rows))
+    console.print(steps_table(rows))
     console.print(ratios_table(rows))
     console.print(target_line(rows))
     if show_priority:
         console.print(priority_section(rows[0]))
     console.print(f"[dim]{PAPER}[/dim]")
+    result = {"bench": "throughput", "rows": rows}
     if figure:
-        console.print(f"wrote {save_throughput_figure(rows, figures_dir)}")
+        png = save_throughput_figure(rows, figures_dir)
+        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
     console.print(f"[dim]throughput: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "throughput", "rows": rows}
+    return result
