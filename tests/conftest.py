@@ -33,6 +33,19 @@ def need_triton():
     return triton
 
 
+REQUIRE_DOT = os.environ.get("PAGEDLAB_REQUIRE_DOT") == "1"
+
+
+def need_dot():
+    """Skip the test without graphviz's `dot` on PATH; under PAGEDLAB_REQUIRE_DOT=1 (CI) a missing dot fails it."""
+    from pagedlab.viz.graphs import dot_available
+
+    if not dot_available():
+        if REQUIRE_DOT:
+            pytest.fail("PAGEDLAB_REQUIRE_DOT=1 but graphviz's `dot` is not on PATH")
+        pytest.skip("graphviz's `dot` is not on PATH (apt-get install graphviz)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """In CI a skipped stage-6 (Triton) test is a failure (chapters/97-architecture.md, Tests and CI)."""

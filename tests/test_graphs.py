@@ -1,7 +1,5 @@
 """Graphviz drawings of shared blocks (stage 3): what they draw matches the block tables."""
 
-import shutil
-
 import pytest
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
@@ -17,6 +15,7 @@ from pagedlab.lessons import (
 from pagedlab.request import Request
 from pagedlab.viz import CACHED, SHARED, USED
 from pagedlab.viz.graphs import _node_id, beam_block_tree, block_sharing_graph, hash_chain_tree, live_tables, short_hash
+from tests.conftest import need_dot
 
 pytestmark = pytest.mark.stage3
 
@@ -48,8 +47,8 @@ def test_beam_tree_is_the_union_of_live_tables():
     assert g.source.count('-> "beam_') == 4
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 def test_rendering_writes_a_png(tmp_path):
+    need_dot()
     g = block_sharing_graph({"a": [3, 4], "b": [3]})
     path = g.render(tmp_path / "g", format="png", cleanup=True)
     assert (tmp_path / "g.png").stat().st_size > 1000 and path.endswith(".png")
@@ -75,8 +74,8 @@ def test_beam_figure_draws_fed_tokens_of_the_live_beams():
     assert kv.num_used_blocks == len({b for t in tables.values() for b in t}) < kv.num_table_blocks()
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 def test_chapter3_figures_render(tmp_path):
+    need_dot()
     for make in (fig_03_cow_before_after, fig_03_beam_tree):
         path = make(tmp_path)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

@@ -7,12 +7,15 @@ chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
 
 Figures are never drawn by hand (chapters/97-architecture.md, Layout). Each figure is one function
 `(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
-workload is greedy, so the same code gives the same pictures on every machine.
+workload is greedy, so the same code gives the same pictures on every machine. A figure drawn by graphviz
+raises graphs.DotNotFound where `dot` is not installed: make_figures skips it and names every skipped
+figure in one line on stderr, with how to install `dot`.
 Every public name of the stage modules is importable from here (`from pagedlab.lessons import STAGE2_POOL`).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from pagedlab.lessons.common import DPI, TracedRun
@@ -73,6 +76,7 @@ from pagedlab.lessons.stage5 import (
     stage5_workload,
     swap_tables_run,
 )
+from pagedlab.viz import graphs
 
 FIGURES = [
     fig_01_reserved_vs_used,
@@ -92,10 +96,21 @@ FIGURES = [
 
 
 def make_figures(out_dir: str | Path = "figures") -> list[Path]:
-    """Write every figure in FIGURES to out_dir; returns their paths in order."""
+    """Write every figure in FIGURES to out_dir; returns the paths written, in order.
+
+    Without graphviz's `dot`, the figures it draws are skipped: one line on stderr names them all.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [make(out) for make in FIGURES]
+    written, skipped = [], []
+    for make in FIGURES:
+        try:
+            written.append(make(out))
+        except graphs.DotNotFound as e:
+            skipped.append(e.path)
+    if skipped:
+        print(graphs.dot_missing_line(skipped), file=sys.stderr)
+    return written
 
 
 __all__ = [

@@ -4,6 +4,7 @@ Builds on: engine/stats.py (StepTrace).
 Read with: chapters/01-contiguous-static.md.
 
 One DPI for matplotlib and graphviz alike, so that the PNGs of figures/ sit side by side at one scale.
+A figure drawn by graphviz raises graphs.DotNotFound when `dot` is not on PATH, before it writes anything.
 """
 
 from __future__ import annotations
@@ -37,4 +38,6 @@ def _save(fig, path: Path) -> Path:
 
 
 def _save_graph(graph, path: Path) -> Path:
+    """Render with `dot`; without it, raise graphs.DotNotFound (make_figures names every skipped figure at once)."""
+    graphs.require_dot(path)
     return graphs.save_graph(graph, path, dpi=DPI)

@@ -85,6 +85,8 @@ def _before_after(left, right, note: str, gap: int = 170, top: int = 50):
 
 
 def fig_03_cow_before_after(out_dir: Path) -> Path:
+    path = out_dir / "03_cow_before_after.png"
+    graphs.require_dot(path)  # both halves are graphviz drawings, composed by matplotlib
     before, after, copies = cow_before_after()
     (src, dst), last = copies[0], COW_PARENT_TOKENS // COW_BLOCK_SIZE
     left = _sharing_image(before, "after fork(parent, child): nothing copied")
@@ -92,7 +94,7 @@ def fig_03_cow_before_after(out_dir: Path) -> Path:
     note = f"child writes\ntoken {COW_PARENT_TOKENS}\n(logical block {last})"
     fig = _before_after(left, right, note)
     fig.suptitle(f"Copy-on-write, block_size {COW_BLOCK_SIZE}: only the shared block being written is copied", y=0.98)
-    return _save(fig, out_dir / "03_cow_before_after.png")
+    return _save(fig, path)
 
 
 def beam_tree_tables() -> tuple[LLM, dict[str, list[int]], dict[str, list[int]]]:

@@ -14,18 +14,60 @@ Stage 4 adds a third, built from requests' block hashes and the prefix cache (ch
     hash_chain_tree:      NONE_HASH ──▶ [block 0 | #768d6fe2] ──▶ ...  one node per chained hash, shared
                           prefixes merged; cached-but-free blocks in CACHED colour, evicted hashes dashed
 
-Rendering a Digraph to a file needs Graphviz's `dot` program (apt-get install graphviz);
-building one does not.
+Rendering a Digraph to a file needs Graphviz's `dot` program; building one does not. `dot_available` is
+the one place that asks whether it is on PATH. Without it nothing fails: `save_graph` skips the file, a
+drawing shown in a notebook is one line saying how to install `dot`, and `pagedlab figures` names every
+figure it skipped in one line (`DotNotFound`, which `require_dot` raises).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import graphviz
 
 from pagedlab.viz import CACHED, FREE, SHARED, USED, request_colour
+
+INSTALL_DOT = (
+    "install it with `apt-get install graphviz`, `brew install graphviz` or `conda install -c conda-forge graphviz`"
+    " (pip's `graphviz` is only the Python side)"
+)
+
+
+def dot_available() -> bool:
+    """Whether Graphviz's `dot` is on PATH. Looked up on every call: it is cheap, and tests hide `dot` by PATH."""
+    return shutil.which("dot") is not None
+
+
+def dot_missing_line(skipped: Iterable[str | Path]) -> str:
+    """The one line that says which drawings were skipped without `dot`, and how to install it."""
+    return f"graphviz's `dot` not found: skipped {', '.join(map(str, skipped))}; {INSTALL_DOT}"
+
+
+class DotNotFound(RuntimeError):
+    """`path` needs Graphviz's `dot` to be drawn, and `dot` is not on PATH; nothing was written."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(dot_missing_line([path]))
+        self.path = Path(path)
+
+
+def require_dot(path: str | Path) -> None:
+    """Raise DotNotFound(path) unless `dot` is on PATH: for a caller that collects skipped drawings itself."""
+    if not dot_available():
+        raise DotNotFound(path)
+
+
+class Drawing(graphviz.Digraph):
+    """A graphviz.Digraph whose inline display in a notebook is, without `dot`, the install line instead of an error."""
+
+    def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
+        if dot_available():
+            return super()._repr_mimebundle_(include, exclude, **kwargs)
+        return {"text/plain": dot_missing_line(["this drawing"])}
 
 
 def _block_label(block_id: int, refs: int, text: str | None = None) -> str:
@@ -35,7 +77,7 @@ def _block_label(block_id: int, refs: int, text: str | None = None) -> str:
     return "\\n".join(lines)
 
 
-def block_sharing_graph(block_tables: dict[str, list[int]], title: str = "", copies=()) -> graphviz.Digraph:
+def block_sharing_graph(block_tables: dict[str, list[int]], title: str = "", copies=()) -> Drawing:
     """Requests on the left, physical blocks on the right; an edge per block-table entry.
 
     A block's ref_cnt is the number of tables holding it; ref_cnt > 1 is drawn in the shared colour.
@@ -45,7 +87,7 @@ def block_sharing_graph(block_tables: dict[str, list[int]], title: str = "", cop
     for table in block_tables.values():
         for block_id in table:
             refs[block_id] = refs.get(block_id, 0) + 1
-    g = graphviz.Digraph(
+    g = Drawing(
         graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica"},
         node_attr={"fontname": "Helvetica", "fontsize": "11"},
     )
@@ -80,13 +122,13 @@ def beam_block_tree(
     block_size: int,
     decode: Callable[[list[int]], str] | None = None,
     title: str = "",
-) -> graphviz.Digraph:
+) -> Drawing:
     """The live beams' block tables as one tree: shared blocks are shared ancestors.
 
     Each node is a physical block (its id, how many beams hold it, and its text when `decode`
     is given); each beam is a leaf hanging off its last block.
     """
-    g = graphviz.Digraph(
+    g = Drawing(
         graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica"},
         node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "filled"},
     )
@@ -140,9 +182,7 @@ def short_hash(block_hash) -> str:
     return f"{block_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"[:8]
 
 
-def hash_chain_tree(
-    requests, kv_manager, decode: Callable[[list[int]], str] | None = None, title: str = ""
-) -> graphviz.Digraph:
+def hash_chain_tree(requests, kv_manager, decode: Callable[[list[int]], str] | None = None, title: str = "") -> Drawing:
     """The prefix cache as a tree: one node per chained block hash, one path per request, root to leaf.
 
     `requests`: Request objects (or a dict of them) whose `block_hashes` name their full blocks in order;
@@ -156,7 +196,7 @@ def hash_chain_tree(
     """
     requests = list(requests.values() if isinstance(requests, dict) else requests)
     cache = kv_manager.pool.cached_block_hash_to_block
-    g = graphviz.Digraph(
+    g = Drawing(
         graph_attr={"rankdir": "LR", "label": title, "labelloc": "t", "fontname": "Helvetica"},
         node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "filled"},
     )
@@ -212,10 +252,16 @@ def _quoted(text: str) -> str:
     return "“" + text.replace("\\", "\\\\").replace("\n", "↵") + "”"
 
 
-def save_graph(graph, path: str | Path, dpi: int = 120) -> Path:
-    """A graphviz drawing rendered by `dot` at `dpi`, written to `path` as a PNG (its folder made if needed)."""
-    graph.graph_attr["dpi"] = str(dpi)
+def save_graph(graph, path: str | Path, dpi: int = 120) -> Path | None:
+    """A graphviz drawing rendered by `dot` at `dpi`, written to `path` as a PNG (its folder made if needed).
+
+    Without `dot` on PATH: writes nothing, prints the install line on stderr and returns None.
+    """
     path = Path(path)
+    if not dot_available():
+        print(dot_missing_line([path]), file=sys.stderr)
+        return None
+    graph.graph_attr["dpi"] = str(dpi)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(graph.pipe(format="png"))
     return path
