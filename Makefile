@@ -1,37 +1,70 @@
-# pagedlab: `make setup` once, then `make demo`, `make test`, `make test-fast`.
+# pagedlab: `make demo`, `make lab`, `make test`; the README's "Set-up" says what each installs.
+#
+# Each install leaves a stamp in the venv, so pip runs once per venv and again only when
+# pyproject.toml changes:
+#   .stamp-torch    torch, from the index that fits this machine (.ci/install-torch; once per venv)
+#   .stamp-runtime  + the package and its dependencies         (demo, generate, figures, train-tiny)
+#   .stamp-dev      + the dev extra: pytest, transformers, ... (setup, test, test-fast, lint, strip-notebooks)
+#   .stamp-lab      + the lab extra: JupyterLab, Triton        (lab)
+# TORCH_INDEX (empty: .ci/install-torch decides) and TORCH_VERSION count only when the venv is new.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+TORCH_INDEX ?=
+TORCH_VERSION ?= 2.13.0
+export TORCH_INDEX TORCH_VERSION
+# Jupyter will not start as root (as in a container) without --allow-root.
+LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo generate test test-fast lint figures train-tiny strip-notebooks clean
+.PHONY: setup demo lab generate test test-fast lint figures train-tiny strip-notebooks clean
 
 $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-setup: $(PY)  ## CPU torch first: a bare `torch` requirement would pull a multi-GB CUDA build
-	$(PIP) install -q torch==2.13.0 || $(PIP) install -q "torch>=2.4"
+$(VENV)/.stamp-torch: | $(PY)
+	.ci/install-torch $(PY)
+	@touch $@
+
+$(VENV)/.stamp-runtime: pyproject.toml $(VENV)/.stamp-torch
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-runtime
 	$(PIP) install -q -e ".[dev]"
+	@touch $@
 
-generate: setup
-	$(VENV)/bin/pagedlab generate "ROMEO:" --max-tokens 200
+$(VENV)/.stamp-lab: pyproject.toml $(VENV)/.stamp-runtime
+	$(PIP) install -q -e ".[lab]"
+	@touch $@
 
-demo: setup  ## the main job: a live view of the engine, then the summary and the figures
+setup: $(VENV)/.stamp-dev
+
+demo: $(VENV)/.stamp-runtime  ## the main job: a live view of the engine, then the summary
 	$(VENV)/bin/pagedlab demo
 
-test: setup  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake
+lab: $(VENV)/.stamp-lab
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
 
-test-fast: setup
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"
+generate: $(VENV)/.stamp-runtime
+	$(VENV)/bin/pagedlab generate "ROMEO:" --max-tokens 200
 
-lint: setup
-	$(VENV)/bin/ruff check src tests
+figures: $(VENV)/.stamp-runtime
+	$(VENV)/bin/pagedlab figures
 
-train-tiny: setup
+train-tiny: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab train-tiny
 
-strip-notebooks:
+test: $(VENV)/.stamp-dev  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake
+
+test-fast: $(VENV)/.stamp-dev
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"
+
+lint: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check src tests
+
+strip-notebooks: $(VENV)/.stamp-dev
 	$(PY) -m nbstripout notebooks/*.ipynb
 
 clean:

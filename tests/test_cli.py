@@ -1,7 +1,5 @@
 """The `pagedlab` command line."""
 
-import re
-
 import pytest
 
 from pagedlab.config import STAGE_NAMES
@@ -48,37 +46,6 @@ def test_bad_model_folder_is_a_clear_error(tmp_path, capsys):
     assert "neither 'tiny-shakespeare' nor a folder" in err
 
 
-def test_demo_without_live_view_logs_each_step_then_the_summary(capsys):
-    out = run_cli(capsys, "demo", "--no-live", "--no-figures", "--num-requests", "3", "--max-tokens", "8")
-    # Static batching, max_num_seqs=4: the three requests run as one batch, a prefill step then 7 decodes.
-    assert re.search(r"^step +1  ran 0\+7 1\+8 2\+12  waiting -", out, re.MULTILINE)
-    assert re.search(r"^step +8 .* finished 0 1 2$", out, re.MULTILINE)
-    assert re.search(r"requests +3\b", out)
-    assert re.search(r"engine steps +8\b", out)
-    assert re.search(r"generated tokens +24\b", out)
-    assert "--- 2: 'GLOUCESTER:' (length)" in out
-
-
-def test_demo_live_view_draws_queues_and_kv(capsys):
-    args = ["demo", "--no-figures", "--num-requests", "5", "--max-tokens", "2", "--delay", "0", "--max-num-seqs", "2"]
-    out = run_cli(capsys, *args)
-    # Not a terminal: rich draws only the last frame. Batches {0 1} {2 3} {4}, two steps each: 6 steps,
-    # and request 4 has just finished and freed its region.
-    assert f"step 6 · stage {TOP} · 5/5 finished" in out
-    assert re.search(r"^ +4 +MENENIUS: +finished \(length\), KV freed", out, re.MULTILINE)
-    assert re.search(r"^KV pool .* 0/128 blocks \(0%\)$", out, re.MULTILINE)
-    assert re.search(r"requests +5\b", out)
-
-
-def test_block_ranges_abbreviates_runs():
-    from pagedlab.tools.demo import block_ranges
-
-    assert block_ranges(list(range(64))) == "0-63"
-    assert block_ranges([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"
-    assert block_ranges([]) == "-"
-    assert block_ranges(list(range(0, 40, 2)), max_chars=10) == "0,2,4,6,8…"
-
-
 def test_describe_prints_the_wiring_of_a_stage(capsys):
     out = run_cli(capsys, "describe", "--stage", "1")
     for name in ("ContiguousKVCacheManager", "StaticScheduler", "ContiguousAttention"):
@@ -99,10 +66,34 @@ def test_describe_an_unknown_stage_names_it(capsys):
         (["generate", "", "--max-tokens", "4"], "pagedlab generate: prompt: empty prompt"),
         (["demo", "--no-live", "--num-kv-blocks", "10000000"], "pagedlab demo: num_kv_blocks:"),
         (["demo", "--no-live", "--block-size", "0"], "pagedlab demo: block_size:"),
+        (["demo", "--no-live", "--num-requests", "0"], "pagedlab demo: num_requests:"),
+        (["demo", "--no-live", "--stage", "1", "--preemption-mode", "swap"], "pagedlab demo: preemption_mode:"),
         (["bench", "speed"], "pagedlab bench: unknown bench 'speed'"),
         (["assignment", "grade", "/no/such/workspace"], "pagedlab assignment:"),
     ],
-    ids=["max-tokens", "temperature", "stage", "empty-prompt", "pool", "block-size", "bench", "grade"],
+    ids=[
+        "max-tokens",
+        "temperature",
+        "stage",
+        "empty-prompt",
+        "pool",
+        "block-size",
+        "requests",
+        "stage-1-swap",
+        "bench",
+        "grade",
+    ],
 )
 def test_a_users_mistake_is_one_line_and_exit_status_2(capsys, argv, start):
     assert cli_error(capsys, *argv).startswith(start)
+
+
+def test_describe_stage_6_says_which_attention_runs_here(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    here = [line for line in run_cli(capsys, "describe", "--stage", "6").splitlines() if line.startswith("  here ")]
+    assert here == ["  here       : TritonAttention, in Triton's interpreter (TRITON_INTERPRET=1), slowly"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    here = [line for line in run_cli(capsys, "describe", "--stage", "6").splitlines() if line.startswith("  here ")]
+    assert here[0].startswith("  here       : TiledPagedAttention (the torch fallback): ")
+    assert "  here " not in run_cli(capsys, "describe", "--stage", "5")

@@ -8,6 +8,7 @@ from matplotlib.colors import to_rgba
 from pagedlab import LLM, SamplingParams, viz
 from pagedlab.engine.stats import StepTrace
 from pagedlab.lessons import FIGURES, make_figures
+from tests.conftest import need_dot
 
 MAX_TOKENS = [2, 4, 3]  # with max_num_seqs=2: batch 1 = requests 0 and 1 (4 steps), batch 2 = request 2 (3 steps)
 
@@ -100,6 +101,7 @@ def test_pool_colours_each_slot_by_the_trace(run):
 
 @pytest.mark.stage1
 def test_make_figures_writes_every_registered_png(tmp_path):
+    need_dot()  # without dot: tests/test_no_graphviz.py
     open_before = len(plt.get_fignums())
     paths = make_figures(tmp_path / "figures")
     assert [p.name for p in paths] == [
@@ -406,7 +408,7 @@ def test_swapped_block_ids_read_the_swap_pool():
 @pytest.mark.stage5
 @pytest.mark.parametrize("mode, mark", [("recompute", "*"), ("swap", "~")])
 def test_demo_marks_preempted_requests_in_the_waiting_queue(mode, mark):
-    from pagedlab.tools.demo import waiting_labels
+    from pagedlab.tools.demo_view import waiting_labels
 
     llm = LLM(
         stage=5, block_size=4, num_kv_blocks=5, max_num_batched_tokens=64, preemption_mode=mode, record_trace=True
@@ -417,5 +419,5 @@ def test_demo_marks_preempted_requests_in_the_waiting_queue(mode, mark):
     labels = []
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
-        labels.append(waiting_labels(llm, llm.engine.trace[-1].waiting))
+        labels.append(waiting_labels(llm.engine.trace[-1]))
     assert f"b{mark}" in labels and set(labels) == {"", f"b{mark}"}  # b, the newest, waits again after preemption

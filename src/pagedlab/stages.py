@@ -194,8 +194,10 @@ def describe(stage: int | str) -> str:
     p = get_preset(parse_stage(stage))
     name = lambda cls: f"{cls.__module__}.{cls.__qualname__}"
     attention = name(p.attention)
+    here = []
     if "triton" in p.backends:
         attention = f"pagedlab.attention.triton.backend.TritonAttention where Triton runs; else {attention}"
+        here = [f"  here       : {_backend_here()}"]
     lines = [
         f"stage {p.number} ({p.name}): {p.question}",
         f"  KV manager : {name(p.kv_manager)}",
@@ -204,4 +206,26 @@ def describe(stage: int | str) -> str:
         "  step()     : scheduler.schedule() -> runner.execute() -> scheduler.update()",
         "  in vLLM    : " + "; ".join(p.vllm_files),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines[:4] + here + lines[4:])
+
+
+def _backend_here() -> str:
+    """Which attention backend stage 6 picks on this machine, and why."""
+    import importlib.util
+    import os
+
+    import torch
+
+    from pagedlab.config import triton_can_run
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if triton_can_run(device):
+        how = "compiled for the GPU" if device == "cuda" else "in Triton's interpreter (TRITON_INTERPRET=1), slowly"
+        return f"TritonAttention, {how}"
+    if importlib.util.find_spec("triton") is None:
+        why = "Triton is not installed (pip install triton)"
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        why = "no CUDA device; TRITON_INTERPRET=1 runs the kernels in Triton's interpreter"
+    else:
+        why = "Triton cannot run here"
+    return f"TiledPagedAttention (the torch fallback): {why}"

@@ -159,6 +159,7 @@ class LLMEngine:
             self.scheduler.check_invariants()
         if snapshot is not None and scheduler_output.scheduled:
             snapshot.finished = [r.request_id for r in advanced if r.status.is_finished()]
+            snapshot.finish_reasons = {r.request_id: r.status.finish_reason for r in advanced if r.status.is_finished()}
             self.trace.append(snapshot)
 
     def _snapshot(self, so) -> StepTrace:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedlab.request import RequestStatus
+
 
 @dataclass
 class EngineStats:
@@ -44,24 +46,38 @@ class EngineStats:
 
 @dataclass
 class StepTrace:
-    """One step as it ran: taken after scheduling and the forward pass, before update frees anything."""
+    """One step as it ran: taken after scheduling and the forward pass, before update frees anything.
+
+    Enough to say what changed in the step (engine/events.py): who was admitted, preempted or finished,
+    which blocks were allocated, freed, copied or swapped, and how many tokens the prefix cache served.
+    """
 
     step: int  # 1-based step number
     time: float  # seconds since the engine started
     scheduled: dict[str, int]  # request_id -> tokens fed this step
-    waiting: list[str]  # request ids still waiting after scheduling
+    waiting: list[str]  # request ids still waiting after scheduling, in queue order
     running: list[str]  # request ids holding KV during the step (scheduled or not)
     kv_held: dict[str, int] = field(default_factory=dict)  # request_id -> KV slots held
     kv_used: dict[str, int] = field(default_factory=dict)  # request_id -> slots holding K/V after this step
     block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks
     num_used_blocks: int = 0  # blocks held in the pool during the step
     finished: list[str] = field(default_factory=list)  # requests that ended in this step's update
+    prefills: list[str] = field(default_factory=list)  # scheduled requests fed a prefill chunk (prompt or recompute)
+    preempted: list[str] = field(default_factory=list)  # preempted while this step was scheduled (stage 5)
+    swapped: list[str] = field(default_factory=list)  # waiting requests whose K/V is in the CPU pool (stage 5)
+    were_preempted: list[str] = field(default_factory=list)  # waiting requests preempted at some step (stage 5)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU block, CPU block) copied out
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, GPU block) copied back
+    copies: list[tuple[str, int, int]] = field(default_factory=list)  # (request_id, src, dst): copy-on-write
+    finish_reasons: dict[str, str] = field(default_factory=dict)  # request_id -> "stop" | "length" | "abort"
+    groups: dict[str, str] = field(default_factory=dict)  # running child (n > 1, beams) -> its user request id
 
     @classmethod
     def capture(cls, step: int, now: float, scheduler_output, scheduler, kv_manager) -> StepTrace:
         """The step as it ran: after scheduling and the forward pass, before update frees anything."""
         so, running = scheduler_output, scheduler.running
         scheduled = dict(so.num_scheduled_tokens)
+        is_swapped = getattr(kv_manager, "is_swapped", None)
         return cls(
             step=step,
             time=now,
@@ -72,4 +88,13 @@ class StepTrace:
             kv_used={r.request_id: r.num_computed_tokens + scheduled.get(r.request_id, 0) for r in running},
             block_tables={r.request_id: kv_manager.get_block_ids(r) for r in running},
             num_used_blocks=kv_manager.num_used_blocks,
+            # more than the last token still to feed: a prefill chunk (a decode feeds exactly the last one)
+            prefills=[r.request_id for r in so.scheduled if r.num_computed_tokens < len(r.all_token_ids) - 1],
+            preempted=sorted(so.preempted_req_ids),
+            swapped=[r.request_id for r in scheduler.waiting if is_swapped(r)] if is_swapped else [],
+            were_preempted=[r.request_id for r in scheduler.waiting if r.status == RequestStatus.PREEMPTED],
+            swap_out=list(so.swap_out),
+            swap_in=list(so.swap_in),
+            copies=[(c.request_id, c.src, c.dst) for c in so.block_copies],
+            groups={r.request_id: r.group_id for r in running if r.group_id != r.request_id},
         )

@@ -14,21 +14,9 @@ import time
 def _cmd_demo(args: argparse.Namespace) -> int:
     from pagedlab.tools.demo import DemoOptions, run_demo
 
-    opts = DemoOptions(
-        stage=args.stage,
-        model=args.model,
-        num_requests=args.num_requests,
-        max_tokens=args.max_tokens,
-        max_num_seqs=args.max_num_seqs,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        temperature=args.temperature,
-        seed=args.seed,
-        live=args.live,
-        delay=args.delay,
-        figures_dir=None if args.no_figures else args.figures_dir,
-    )
-    run_demo(opts)
+    mode = "step" if args.step else "log" if args.no_live or args.json else "live"
+    given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name) is not None}
+    run_demo(DemoOptions(**given, mode=mode, figures_dir=args.figures, as_json=args.json))
     return 0
 
 
@@ -72,16 +60,50 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
-    run_bench(args.name, as_json=args.json, figure=not args.no_figure)
+    options = {} if args.repeats is None else {"repeats": args.repeats}
+    if options and args.name not in ("throughput", "prefix"):
+        raise ValueError(f"--repeats: only throughput and prefix repeat their runs, not {args.name}")
+    if options and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
     return 0
 
 
+# Rough seconds of each bench at its defaults, measured once on a quiet 2-core CPU (OMP_NUM_THREADS=1).
+BENCH_SECONDS = {
+    "memory": "6 s (a fake model: no forward pass)",
+    "sharing": "50 s",
+    "prefix": "15 s (3 runs of each configuration, taking turns)",
+    "throughput": "2 min (5 systems x 2 rounds, taking turns; --repeats N: about 50 s a round)",
+    "scheduler": "2 s (a fake model)",
+    "kernel": "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels",
+}
+
+
 def _cmd_figures(args: argparse.Namespace) -> int:
-    try:
-        from pagedlab.lessons import make_figures
-    except ImportError as e:
-        raise SystemExit(f"pagedlab figures: not available yet ({e})") from e
+    from rich.console import Console
+
+    from pagedlab.bench.common import rough_duration
+    from pagedlab.bench.figures import ROUGH_SECONDS, redraw_bench_figures, rerun_bench_figures
+    from pagedlab.lessons import make_figures
+
     for path in make_figures(args.out):
+        print(path)
+    if not args.rerun_benches:
+        written, missing = redraw_bench_figures(args.out)  # from the JSON beside each figure: no measuring
+        for path in written:
+            print(path)
+        if missing:
+            names = ", ".join(p.name for p in missing)
+            print(
+                f"pagedlab figures: {names} not in {args.out}: a bench figure is redrawn only from its JSON "
+                "(the repository's figures/ holds them; --rerun-benches measures them again)",
+                file=sys.stderr,
+            )
+        return 0
+    seconds = sum(ROUGH_SECONDS.values())
+    print(f"re-measuring {', '.join(ROUGH_SECONDS)}: {rough_duration(seconds)} on a quiet 2-core CPU", file=sys.stderr)
+    for path in rerun_bench_figures(Console(stderr=True), args.out):
         print(path)
     return 0
 
@@ -100,21 +122,37 @@ def _cmd_train_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+# The scenario's settings a flag may change (unset: DemoOptions' defaults, the teaching scenario).
+DEMO_SETTINGS = {
+    "stage": (str, "number or name (default: continuous)"),
+    "model": (str, "'tiny-shakespeare' (default) or a Hugging Face folder"),
+    "num_requests": (int, "default 10; more repeat the scenario's prompts"),
+    "max_tokens": (int, "the same output length for all (default: varied, 5 to 28)"),
+    "max_num_seqs": (int, "seats: requests running at once (default 6)"),
+    "block_size": (int, "tokens per KV block (default 8)"),
+    "num_kv_blocks": (int, "the KV pool's size in blocks (default 24)"),
+    "max_model_len": (int, "tokens per request at most; stage 1 reserves this many (default 96)"),
+    "preemption_mode": (str, "stage 5: recompute (default) or swap"),
+    "temperature": (float, "default 0.8; 0 = greedy"),
+    "seed": (int, "request i samples with seed + i (default 0)"),
+    "delay": (float, "seconds per live frame (default 0.3)"),
+}
+
+
 def _add_demo(sub) -> None:
-    demo = sub.add_parser("demo", help="the bundled model through a stage, drawn live: queues, blocks, KV use")
-    demo.add_argument("--stage", default=None, help="number or name (default: continuous)")
-    demo.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
-    demo.add_argument("--num-requests", type=int, default=8)
-    demo.add_argument("--max-tokens", type=int, default=32)
-    demo.add_argument("--max-num-seqs", type=int, default=4, help="requests running at once (small: queues show)")
-    demo.add_argument("--block-size", type=int, default=16)
-    demo.add_argument("--num-kv-blocks", type=int, default=None, help="KV pool size (default: sized by the engine)")
-    demo.add_argument("--temperature", type=float, default=0.8)
-    demo.add_argument("--seed", type=int, default=0, help="request i samples with seed + i")
-    demo.add_argument("--delay", type=float, default=0.05, help="seconds per live frame")
-    demo.add_argument("--no-live", dest="live", action="store_false", help="one log line per step instead")
-    demo.add_argument("--no-figures", action="store_true", help="skip the figures at the end")
-    demo.add_argument("--figures-dir", default="figures")
+    demo = sub.add_parser(
+        "demo",
+        help="a scenario that shows continuous batching at work, live (--step: a key per step)",
+        description="Ten requests of different lengths, more than the seats, on a small KV pool: watch chunked "
+        "prefill, prefix-cache hits, preemption and seats refilled, step by step (about 10 s live). "
+        "--stage contiguous|paged|cow|prefix runs the same requests as an earlier stage would.",
+    )
+    demo.add_argument("--step", action="store_true", help="a key per step: Enter/space next, b back, q quit")
+    demo.add_argument("--json", action="store_true", help="stdout: one JSON summary of the run; tables to stderr")
+    demo.add_argument("--no-live", action="store_true", help="a line per step (and what changed) instead")
+    demo.add_argument("--figures", default=None, metavar="DIR", help="also write the chapters' figures into DIR")
+    for name, (kind, help_text) in DEMO_SETTINGS.items():
+        demo.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
     demo.set_defaults(func=_cmd_demo)
 
 
@@ -173,14 +211,32 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
 
-    bench = sub.add_parser("bench", help="the paper's measurements at our scale: memory, sharing, prefix, ...")
-    bench.add_argument("name", help="which bench, e.g. memory")
+    bench = sub.add_parser(
+        "bench",
+        help="the paper's measurements at our scale: memory, sharing, prefix, throughput, ... (seconds to minutes)",
+        description="The vLLM paper's measurements at our scale. Roughly, on a quiet 2-core CPU:\n"
+        + "".join(f"  {name:<11} {seconds}\n" for name, seconds in BENCH_SECONDS.items())
+        + "A busy machine takes longer. memory, sharing, prefix and throughput also write their figure,\n"
+        "figures/NN_NAME.png, and the rows it was drawn from, figures/NN_NAME.json; the chapters quote\n"
+        "the committed ones (`git checkout figures/` restores them).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("name", help="which bench: " + ", ".join(BENCH_SECONDS))
     bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
-    bench.add_argument("--no-figure", action="store_true", help="do not write the bench's figure under figures/")
+    bench.add_argument("--no-figure", action="store_true", help="write neither the figure nor its JSON")
+    bench.add_argument("--repeats", type=int, default=None, help="throughput, prefix: rounds of runs (default 2, 3)")
     bench.set_defaults(func=_cmd_bench)
 
-    figs = sub.add_parser("figures", help="regenerate the figures")
-    figs.add_argument("--out", default="figures", help="output folder")
+    figs = sub.add_parser(
+        "figures",
+        help="regenerate every committed figure: the chapters' scenarios, and the benches' from their JSON",
+    )
+    figs.add_argument("--out", default="figures", help="output folder (the bench figures' JSON is read from it)")
+    figs.add_argument(
+        "--rerun-benches",
+        action="store_true",
+        help="measure the four bench figures again (minutes) instead of redrawing them from their JSON",
+    )
     figs.set_defaults(func=_cmd_figures)
 
     _add_assignment(sub)

@@ -1,267 +1,319 @@
-"""Stage 1: `pagedlab demo`, the engine's step loop drawn live: queues, KV reserved vs used, block ids.
+"""Stage 1: `pagedlab demo`, a scenario that shows continuous batching at work, live or a step at a time.
 
-Builds on: llm.py, engine/engine.py (add_request, step, trace), engine/stats.py.
-Read with: README.md, chapters/01-contiguous-static.md.
+Builds on: llm.py, engine/engine.py (add_request, step, trace), engine/events.py, tools/demo_view.py.
+Read with: README.md, chapters/05-continuous-batching.md.
 
 The demo drives `llm.engine` itself (add_request, then step() until nothing is
-left), as `LLM.generate` does, so that it can draw the engine between steps:
+left), as `LLM.generate` does, so that it can draw the engine between steps.
+Its scenario is built to teach: ten requests of different lengths, more of them
+than seats (6), and a pool (24 blocks of 8 tokens) too small for all of them
+at once. At the default stage (continuous batching) the first steps show
 
-    step 12 · stage 1 (contiguous) · 0/8 finished
-    waiting   4 5 6 7
-    running   0 1 2 3
-     id  prompt    KV used / reserved            blocks  new  text so far
-     0   ROMEO:    █░░░░░░░░░░░░░░░  18/1024     0-63    +1   ⏎What shall be th
-    KV pool  ████████████░░░░  192/256 blocks (75%)
+    a chunked prefill beside decodes   long prompts are fed 16 tokens a step while others decode
+    a prefix-cache hit                 requests 2 and 5 start with the same line: 5 reuses 2's blocks
+    a preemption                       the pool runs out; the newest request gives its seat back
+    a seat refilled                    a request joins the step after another finishes
+    recompute (or swap-in)             the preempted request returns, its blocks from the cache (or CPU)
 
-At stage 1 every running request reserves a whole region (max_model_len slots)
-and uses a few dozen of them, and a new batch waits until the last request of
-the current one finishes. Later stages shrink the grey part of the bars and
-empty the waiting queue sooner; the summary table puts numbers on both. At
-stage 5 a request preempted by a full pool waits again, marked * (its K/V
-dropped, to be recomputed) or ~ (its K/V swapped out to the CPU pool).
+`--stage contiguous` (or paged, cow, prefix) runs the same requests on the
+same pool, so the difference is there to see: fewer requests at once, whole
+batches that wait for their slowest member, and more steps.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from pagedlab.engine.stats import StepTrace
+from pagedlab.config import parse_stage
+from pagedlab.engine.events import step_events
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL
 from pagedlab.outputs import RequestOutput
-from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
+from pagedlab.stages import default_stage, get_preset
+from pagedlab.tools.demo_view import BACK, HELP, QUIT, change_lines, key_reader, render_frame
 
-PROMPTS = (
-    "ROMEO:",
-    "JULIET:",
-    "GLOUCESTER:",
-    "DUKE VINCENTIO:",
-    "MENENIUS:",
-    "PETRUCHIO:",
-    "ISABELLA:",
-    "KING RICHARD III:",
+CITIZEN = "First Citizen:\nBefore we proceed any further, hear me speak.\n"  # two prompts share this line
+SCENARIO = (  # (prompt, output tokens): varied, so that requests end at different steps
+    ("ROMEO:", 28),
+    ("JULIET:", 6),
+    (CITIZEN + "All:", 10),
+    ("GLOUCESTER:", 20),
+    ("DUKE VINCENTIO:", 5),
+    (CITIZEN + "Second Citizen:", 8),
+    ("MENENIUS:", 24),
+    ("PETRUCHIO:", 6),
+    ("ISABELLA:", 18),
+    ("KING RICHARD III:", 9),
 )
-TEXT_CHARS = 40  # the tail of each request's text shown live
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """What `pagedlab demo` runs; the CLI flags map one to one."""
+    """What `pagedlab demo` runs; the CLI flags map one to one. The defaults are the teaching scenario."""
 
     stage: int | str | None = None  # None = the default stage ("continuous")
     model: str = BUNDLED_MODEL  # the bundled model or a Hugging Face folder
-    num_requests: int = 8  # prompts cycle through PROMPTS
-    max_tokens: int = 32  # output tokens per request at most
-    max_num_seqs: int = 4  # small, so that the waiting queue is visible
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # None = the engine's default (room for max_num_seqs requests)
+    num_requests: int = len(SCENARIO)  # more than the scenario's repeat its prompts
+    max_tokens: int | None = None  # None = each request's own length in SCENARIO
+    max_num_seqs: int = 6  # seats: fewer than requests, so the waiting queue shows
+    block_size: int = 8  # tokens per KV block: small, so that blocks fill within a few steps
+    num_kv_blocks: int = 24  # small: the pool runs out at stage 5 (stage 1 fits two 12-block regions)
+    max_model_len: int = 96  # stage 1 reserves this many slots per request
+    max_num_batched_tokens: int = 96  # the token budget of a step
+    long_prefill_token_threshold: int = 16  # stage 5: longer prompts are fed in chunks of this many
+    preemption_mode: str | None = None  # stage 5: "recompute" (None: the engine's default) or "swap"
     temperature: float = 0.8  # 0 = greedy
     seed: int = 0  # request i samples with seed + i
-    live: bool = True  # a live view; False = one log line per step
-    delay: float = 0.05  # seconds per live frame, so that humans can watch
-    figures_dir: str | None = "figures"  # None = make no figures
+    mode: str = "live"  # "live": a live view; "step": a key per step; "log": a line per step
+    delay: float = 0.3  # seconds per live frame, so that humans can watch
+    figures_dir: str | None = None  # write the teaching figures there at the end
+    as_json: bool = False  # stdout: one JSON summary; the tables go to stderr
 
 
-def run_demo(opts: DemoOptions, console: Console | None = None) -> LLM:
-    """Run the requests step by step, drawing each step; then the summary, the texts and the figures."""
-    console = console or Console()
+def run_demo(opts: DemoOptions, console: Console | None = None, keys=None) -> LLM:
+    """Run the scenario step by step, drawing each step; then the summary (and the figures, if asked)."""
+    check_options(opts)
+    console = console or Console(stderr=opts.as_json)
+    llm = make_llm(opts)
+    prompts = add_requests(llm, opts)
+    if opts.mode != "log" and not opts.as_json:
+        console.print(legend(llm, opts))
+    start = time.perf_counter()
+    if opts.mode == "step":
+        with nullcontext(keys) if keys else key_reader() as read_key:
+            finals = StepThrough(llm, prompts, console, read_key).run()
+    else:
+        finals = drive(llm, prompts, opts, console)
+    summary = summarize(llm, len(prompts))
+    console.print(summary_table(llm, summary, time.perf_counter() - start))
+    if not opts.as_json:
+        print_texts(console, prompts, finals)
+    if opts.figures_dir is not None:
+        write_figures(opts.figures_dir, console)
+    if opts.as_json:
+        print(json.dumps(summary))
+    return llm
+
+
+MODES = ("live", "step", "log")
+
+
+def check_options(opts: DemoOptions) -> None:
+    """The demo's own settings (the engine checks the rest, naming the field)."""
+    if opts.mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {opts.mode!r}")
+    if not (isinstance(opts.num_requests, int) and opts.num_requests >= 1):
+        raise ValueError(f"num_requests: must be an integer >= 1, got {opts.num_requests!r}")
+    if not opts.delay >= 0:  # nan too
+        raise ValueError(f"delay: must be >= 0 seconds, got {opts.delay!r}")
+
+
+def make_llm(opts: DemoOptions) -> LLM:
+    """The engine of opts.stage on the scenario's pool; stage-5 settings only where the stage reads them."""
     llm = LLM(
         opts.model,
         stage=opts.stage,
         max_num_seqs=opts.max_num_seqs,
         block_size=opts.block_size,
         num_kv_blocks=opts.num_kv_blocks,
+        max_model_len=opts.max_model_len,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
         seed=opts.seed,
         record_trace=True,
+        **_stage_settings(opts),
     )
-    prompts = add_requests(llm, opts)
-    start = time.perf_counter()
-    finals = drive(llm, prompts, opts, console)
-    console.print(summary_table(llm, len(prompts), time.perf_counter() - start))
-    print_texts(console, prompts, finals)
-    if opts.figures_dir is not None:
-        write_figures(opts.figures_dir, console)
     return llm
 
 
+def _stage_settings(opts: DemoOptions) -> dict:
+    """The scenario's chunk size where the stage chunks prefills; a preemption mode only if one was given
+    (the engine refuses it at a stage that never preempts)."""
+    uses = get_preset(default_stage() if opts.stage is None else parse_stage(opts.stage)).uses
+    chunks = {"long_prefill_token_threshold": opts.long_prefill_token_threshold}
+    given = {"preemption_mode": opts.preemption_mode} if opts.preemption_mode is not None else {}
+    return {name: value for name, value in chunks.items() if name in uses} | given
+
+
 def add_requests(llm: LLM, opts: DemoOptions) -> dict[str, str]:
-    """Queue opts.num_requests prompts, each with its own seed; returns request_id -> prompt."""
-    prompts = {str(i): PROMPTS[i % len(PROMPTS)] for i in range(opts.num_requests)}
-    for i, (request_id, prompt) in enumerate(prompts.items()):
-        params = SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed + i)
-        llm.engine.add_request(request_id, prompt, params)
+    """Queue opts.num_requests requests of the scenario, each with its own seed; returns request_id -> prompt."""
+    prompts = {}
+    for i in range(opts.num_requests):
+        prompt, length = SCENARIO[i % len(SCENARIO)]
+        length = length if opts.max_tokens is None else opts.max_tokens
+        params = SamplingParams(temperature=opts.temperature, max_tokens=length, seed=opts.seed + i, ignore_eos=True)
+        llm.engine.add_request(str(i), prompt, params)
+        prompts[str(i)] = prompt
     return prompts
 
 
+def legend(llm: LLM, opts: DemoOptions) -> Group:
+    """One screen: the scenario, and what to watch at this stage."""
+    cfg = llm.engine.config
+    lines = [
+        Text(f"pagedlab demo · stage {cfg.stage} ({cfg.stage_name})", style="bold"),
+        Text(
+            f"{opts.num_requests} requests of different lengths, {cfg.max_num_seqs} seats, a KV pool of "
+            f"{cfg.num_kv_blocks} blocks of {cfg.block_size} tokens."
+        ),
+        Text("What to watch:"),
+    ]
+    watch = WATCH_CONTINUOUS if cfg.stage >= 5 else WATCH_STATIC
+    lines += [Text.assemble(("  " + name.ljust(16), "bold"), what) for name, what in watch]
+    if opts.mode == "step":
+        lines.append(Text(f"Keys: {HELP}.", style="dim"))
+    lines.append(Text("Each step lists what changed; --step goes by hand, --stage N compares.", style="dim"))
+    return Group(*lines, Rule(style="dim"))
+
+
+WATCH_CONTINUOUS = (
+    ("chunked prefill", "long prompts fed 16 tokens a step, beside decodes"),
+    ("prefix hit", "2 and 5 start alike: 5 reads 2's first blocks from the cache"),
+    ("preemption", "the pool runs out: the newest gives its seat back (* or ~)"),
+    ("refill", "a request takes a seat the step after another finishes"),
+)
+WATCH_STATIC = (
+    ("static batch", "a batch runs until its longest request ends; seats wait empty"),
+    ("KV held", "the bars show K/V written out of the slots a request holds"),
+    ("compare", "run --stage continuous: the same requests in fewer steps"),
+)
+
+
 def drive(llm: LLM, prompts: dict[str, str], opts: DemoOptions, console: Console) -> dict[str, RequestOutput]:
-    """step() until every request finished, drawing after every step that ran a batch."""
-    engine, latest = llm.engine, {}
-    live = Live(console=console, auto_refresh=False) if opts.live else nullcontext()
+    """step() until every request finished, drawing (or logging) every step that ran a batch."""
+    engine, latest, steps = llm.engine, {}, []
+    live = Live(console=console, auto_refresh=False) if opts.mode == "live" and not opts.as_json else nullcontext()
     with live:
         while engine.has_unfinished_requests():
             steps_before = engine.stats.num_steps
             latest |= {out.request_id: out for out in engine.step()}
             if engine.stats.num_steps == steps_before:  # nothing ran (only an abort was reported)
                 continue
-            if opts.live:
-                live.update(render_step(llm, prompts, latest), refresh=True)
+            steps.append(engine.trace[-1])
+            if isinstance(live, Live):
+                texts = {rid: out.outputs[0].text for rid, out in latest.items()}
+                live.update(render_frame(steps, len(steps) - 1, engine.config, prompts, texts), refresh=True)
                 time.sleep(opts.delay)
-            else:
+            elif opts.mode == "log":
                 console.print(log_line(llm), highlight=False, markup=False, soft_wrap=True)
-    if opts.live and not console.is_terminal:
+    if isinstance(live, Live) and not console.is_terminal:
         console.line()  # off a terminal, rich leaves the last frame without its newline
     return latest
 
 
-# --- one frame of the live view -------------------------------------------------------------------
+class StepThrough:
+    """`--step`: run one engine step per key, and go back and forth over the steps already run."""
 
+    def __init__(self, llm: LLM, prompts: dict[str, str], console: Console, read_key):
+        self.llm, self.prompts, self.console, self.read_key = llm, prompts, console, read_key
+        self.steps: list = []  # the StepTrace of every step run so far
+        self.texts: list[dict[str, str]] = []  # the requests' text after each of them
+        self.latest: dict[str, RequestOutput] = {}
 
-def render_step(llm: LLM, prompts: dict[str, str], latest: dict[str, RequestOutput]) -> Group:
-    engine = llm.engine
-    trace = engine.trace[-1]
-    done = sum(out.finished for out in latest.values())
-    header = Text(f"step {trace.step} · stage {engine.config.stage} ({engine.config.stage_name}) · ", style="bold")
-    header.append(f"{done}/{len(prompts)} finished")
-    running = " ".join(r.request_id for r in engine.scheduler.running) or "-"
-    queues = Text.assemble(
-        ("waiting   ", "bold"), waiting_labels(llm, trace.waiting) or "-", "\n", ("running   ", "bold"), running
-    )
-    return Group(header, queues, request_table(llm, prompts, latest), pool_line(llm))
+    def run(self) -> dict[str, RequestOutput]:
+        shown = -1  # the step index on screen
+        while True:
+            if shown == len(self.texts) - 1 and not self._advance():
+                break  # every request finished
+            shown = min(shown + 1, len(self.texts) - 1)
+            self._show(shown)
+            while (key := self.read_key()) == BACK:
+                shown = max(shown - 1, 0)
+                self._show(shown)
+            if key == QUIT:
+                self.console.print(Text(f"stopped at step {len(self.texts)}", style="bold"))
+                break
+        return self.latest
 
+    def _advance(self) -> bool:
+        """One engine step that ran a batch; False when nothing is left to run."""
+        engine = self.llm.engine
+        while engine.has_unfinished_requests():
+            steps_before = engine.stats.num_steps
+            self.latest |= {out.request_id: out for out in engine.step()}
+            if engine.stats.num_steps > steps_before:
+                self.steps.append(engine.trace[-1])
+                self.texts.append({rid: out.outputs[0].text for rid, out in self.latest.items()})
+                return True
+        return False
 
-PREEMPTED_MARK = "*"  # stage 5: preempted, its K/V dropped (recompute)
-SWAPPED_MARK = "~"  # stage 5: preempted, its K/V in the CPU swap pool
-
-
-def waiting_labels(llm: LLM, request_ids: list[str]) -> str:
-    """The waiting queue as ids; at stage 5 a preempted request is marked * (K/V dropped) or ~ (swapped out)."""
-    queued = {r.request_id: r for r in llm.engine.scheduler.waiting}
-    is_swapped = getattr(llm.engine.kv_manager, "is_swapped", lambda request: False)
-    labels = []
-    for request_id in request_ids:
-        request = queued.get(request_id)
-        mark = ""
-        if request is not None and request.status == RequestStatus.PREEMPTED:
-            mark = SWAPPED_MARK if is_swapped(request) else PREEMPTED_MARK
-        labels.append(request_id + mark)
-    return " ".join(labels)
-
-
-def request_table(llm: LLM, prompts: dict[str, str], latest: dict[str, RequestOutput]) -> Table:
-    """One row per request that ran this step or still runs; a finished one shows its KV as freed."""
-    engine = llm.engine
-    trace = engine.trace[-1]
-    alive = {r.request_id: r for r in engine.scheduler.running}
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in [("id", "right"), ("prompt", "left"), ("KV used / reserved", "left")]:
-        table.add_column(name, justify=justify, no_wrap=True)
-    table.add_column("blocks", no_wrap=True)
-    table.add_column("new", justify="right", no_wrap=True)
-    table.add_column("text so far", no_wrap=True, overflow="ellipsis")
-    for request_id in dict.fromkeys([*trace.running, *alive]):
-        request = alive.get(request_id)
-        out = latest.get(request_id)
-        blocks = block_ranges(engine.kv_manager.get_block_ids(request)) if request else "-"
-        table.add_row(
-            request_id,
-            Text(prompts.get(request_id, "?")),
-            kv_cell(llm, request, out),
-            blocks,
-            f"+{trace.scheduled.get(request_id, 0)}",
-            Text(_tail(out.outputs[0].text if out else "")),
-        )
-    return table
-
-
-def kv_cell(llm: LLM, request: Request | None, out: RequestOutput | None) -> Text:
-    """A bar of the request's KV slots: computed tokens (used) out of the slots it holds (reserved)."""
-    if request is None:
-        reason = out.outputs[0].finish_reason if out else None
-        return Text(f"finished ({reason}), KV freed", style="dim")
-    held = llm.engine.kv_manager.slots_held(request)
-    used = request.num_computed_tokens
-    return bar(used / held if held else 0.0) + Text(f" {used}/{held}")
-
-
-def pool_line(llm: LLM) -> Text:
-    used, total = llm.engine.kv_manager.num_used_blocks, llm.engine.config.num_kv_blocks
-    return Text.assemble(
-        ("KV pool   ", "bold"), bar(used / total, width=32), f" {used}/{total} blocks ({used / total:.0%})"
-    )
-
-
-def bar(fraction: float, width: int = 16) -> Text:
-    """█ for the used share, ░ for the rest; any use at all shows at least one █."""
-    filled = min(width, round(fraction * width))
-    if fraction > 0:
-        filled = max(filled, 1)
-    return Text.assemble(("█" * filled, "green"), ("░" * (width - filled), "grey50"))
-
-
-def block_ranges(block_ids: list[int], max_chars: int = 18) -> str:
-    """[0, 1, 2, 3, 7, 9, 10] -> '0-3,7,9-10', cut with '…' beyond max_chars."""
-    runs: list[list[int]] = []  # [first, last] of each run of consecutive ids
-    for block_id in block_ids:
-        if runs and block_id == runs[-1][1] + 1:
-            runs[-1][1] = block_id
+    def _show(self, index: int) -> None:
+        if self.console.is_terminal:
+            self.console.clear()
         else:
-            runs.append([block_id, block_id])
-    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
-    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
-
-
-def _tail(text: str) -> str:
-    text = text.replace("\n", "⏎")
-    return text if len(text) <= TEXT_CHARS else "…" + text[-(TEXT_CHARS - 1) :]
+            self.console.print(Rule(style="dim"))
+        config = self.llm.engine.config
+        self.console.print(render_frame(self.steps, index, config, self.prompts, self.texts[index]))
+        where = f"step {index + 1} of {len(self.texts)} run"
+        self.console.print(Text(f"{HELP} · {where}", style="dim"))
 
 
 # --- logs, summary, figures --------------------------------------------------------------------------
 
 
 def log_line(llm: LLM) -> str:
-    """One step as one line, for logs and CI (`--no-live`)."""
-    t = llm.engine.trace[-1]
+    """One step as one line, then what changed in it (for logs and CI: `--no-live`)."""
+    engine = llm.engine
+    t = engine.trace[-1]
     ran = " ".join(f"{rid}+{n}" for rid, n in t.scheduled.items())
-    used, total = llm.engine.kv_manager.num_used_blocks, llm.engine.config.num_kv_blocks
-    line = f"step {t.step:4d}  ran {ran}  waiting {waiting_labels(llm, t.waiting) or '-'}  KV {used}/{total} blocks"
-    line += f", {used_share([t]):.0%} of reserved slots used"
-    return line + (f"  finished {' '.join(t.finished)}" if t.finished else "")
+    line = f"step {t.step:3d}  ran {ran}  waiting {' '.join(t.waiting) or '-'}  "
+    line += f"KV {t.num_used_blocks}/{engine.config.num_kv_blocks} blocks"
+    events = step_events(engine.trace, len(engine.trace) - 1, engine.config)
+    return "\n".join([line] + [f"  {text.plain}" for text in change_lines(events) if events])
 
 
-def used_share(trace: list[StepTrace]) -> float:
-    """Slots holding computed tokens / slots reserved, summed over the requests of the given steps."""
-    held = sum(sum(t.kv_held.values()) for t in trace)
-    used = sum(sum(t.kv_used.values()) for t in trace)
-    return used / held if held else 0.0
-
-
-def summary_table(llm: LLM, num_requests: int, wall_seconds: float) -> Table:
+def summarize(llm: LLM, num_requests: int) -> dict:
+    """The run in numbers: `pagedlab demo --json` prints this object."""
     engine, stats = llm.engine, llm.engine.stats
-    total = engine.config.num_kv_blocks
-    table = Table(title=f"pagedlab demo: stage {engine.config.stage} ({engine.config.stage_name})", box=box.SIMPLE)
+    trace = list(engine.trace)
+    kinds = [e.kind for i in range(len(trace)) for e in step_events(trace, i, engine.config)]
+    return {
+        "stage": engine.config.stage,
+        "stage_name": engine.config.stage_name,
+        "num_requests": num_requests,
+        "num_steps": stats.num_steps,
+        "num_preemptions": stats.num_preemptions,
+        "prefix_cache_hits": stats.prefix_cache_hits,  # prompt tokens served from the cache
+        "max_running": max((len(t.running) for t in trace), default=0),
+        "seat_refills": kinds.count("refill"),
+        "mixed_steps": kinds.count("mixed"),  # steps with prefill chunks and decodes together
+        "swap_ins": kinds.count("swap_in"),
+        "peak_kv_blocks_used": stats.peak_kv_blocks_used,
+        "num_kv_blocks": engine.config.num_kv_blocks,
+        "num_generated_tokens": stats.num_generated_tokens,
+        "finished": sum(len(t.finished) for t in trace),
+    }
+
+
+def summary_table(llm: LLM, summary: dict, wall_seconds: float) -> Table:
+    stats = llm.engine.stats
+    table = Table(title=f"stage {summary['stage']} ({summary['stage_name']})", box=box.SIMPLE)
     table.add_column("metric")
     table.add_column("value", justify="right")
     rate = stats.num_generated_tokens / stats.step_seconds if stats.step_seconds else 0.0
+    peak, total = summary["peak_kv_blocks_used"], summary["num_kv_blocks"]
     rows = [
-        ("requests", f"{num_requests}"),
-        ("engine steps", f"{stats.num_steps}"),
-        ("generated tokens", f"{stats.num_generated_tokens}"),
-        ("tokens/s (inside step())", f"{rate:.1f}"),
+        ("requests finished", f"{summary['finished']}/{summary['num_requests']}"),
+        ("engine steps", f"{summary['num_steps']}"),
+        ("most requests running at once", f"{summary['max_running']}"),
+        ("seats refilled the step after a finish", f"{summary['seat_refills']}"),
+        ("steps with prefill and decode together", f"{summary['mixed_steps']}"),
+        ("preemptions", f"{summary['num_preemptions']}"),
+        ("prompt tokens from the prefix cache", f"{summary['prefix_cache_hits']}"),
+        ("peak KV blocks used", f"{peak}/{total} ({peak / total:.0%})"),
+        ("generated tokens", f"{summary['num_generated_tokens']}"),
+        ("tokens/s inside step()", f"{rate:.0f}"),
         ("wall time (with drawing)", f"{wall_seconds:.1f} s"),
-        ("peak KV blocks used", f"{stats.peak_kv_blocks_used}/{total} ({stats.peak_kv_blocks_used / total:.0%})"),
-        ("KV slots used / reserved", f"{used_share(engine.trace):.1%}"),
-        ("preemptions", f"{stats.num_preemptions}"),
-        ("overhead share (outside forward)", f"{stats.overhead_share:.1%}"),
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -270,18 +322,17 @@ def summary_table(llm: LLM, num_requests: int, wall_seconds: float) -> Table:
 
 def print_texts(console: Console, prompts: dict[str, str], finals: dict[str, RequestOutput]) -> None:
     for request_id, prompt in prompts.items():
+        if request_id not in finals:
+            continue  # stopped (q) before it ran
         completion = finals[request_id].outputs[0]
-        console.print(Text(f"--- {request_id}: {prompt!r} ({completion.finish_reason})", style="bold"))
+        console.print(Text(f"--- {request_id} ({completion.finish_reason or 'unfinished'})", style="bold"))
         console.print(Text(prompt + completion.text))
 
 
-def write_figures(out_dir: str, console: Console) -> list[Path]:
-    """pagedlab.lessons.make_figures(out_dir), skipped with a message while that module is missing."""
-    try:
-        from pagedlab.lessons import make_figures
-    except ImportError as e:
-        console.print(Text(f"figures: skipped ({e})", style="yellow"))
-        return []
+def write_figures(out_dir: str, console: Console) -> list:
+    """pagedlab.lessons.make_figures(out_dir): the chapters' teaching figures (`--figures DIR`)."""
+    from pagedlab.lessons import make_figures
+
     console.print(Text(f"figures: writing to {out_dir}/ ..."))
     paths = make_figures(out_dir)
     for path in paths:
