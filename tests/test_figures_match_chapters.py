@@ -36,6 +36,7 @@ DESIGN_FIELDS = {  # chapters/97-architecture.md (Benchmarks): every row has the
     "sharing": ("mode", "width", "workload", "block_size", "saved"),
     "prefix": ("workload", "caching", "stage", "num_requests", "prompt_tokens", "computed_prefill_tokens"),
     "throughput": ("system", "workload", "num_requests", "num_kv_blocks", "tokens_per_s", "normalized_latency_s"),
+    "real": ("system", "tokens_per_s", "ttft_s", "num_requests", "threads"),
 }
 STALE = "figures/{0}.json changed since the chapter quoted it (`git checkout figures/` restores it)"
 
@@ -129,7 +130,7 @@ def test_pagedlab_figures_redraws_the_bench_figures_from_the_json_in_its_out_fol
         main(["figures", "--out", str(tmp_path / "elsewhere")])
     captured = capsys.readouterr()
     assert exit_info.value.code == 0 and captured.out == ""
-    assert "02_memory.json, 03_sharing.json, 04_prefix.json, 05_throughput.json not in" in captured.err
+    assert "02_memory.json, 03_sharing.json, 04_prefix.json, 05_throughput.json, 07_real.json not in" in captured.err
 
 
 def test_rerun_runs_each_bench_that_draws_a_committed_figure_into_the_out_folder(tmp_path, monkeypatch):
@@ -141,4 +142,5 @@ def test_rerun_runs_each_bench_that_draws_a_committed_figure_into_the_out_folder
         monkeypatch.setitem(bench.BENCHES, name, lambda console, name=name, **kw: calls.append((name, kw)))
     paths = rerun_bench_figures(None, tmp_path)
     assert calls == [(name, {"figure": True, "figures_dir": tmp_path}) for name in BENCH_FIGURES]
-    assert paths[:2] == [tmp_path / "02_memory.png", tmp_path / "02_memory.json"] and len(paths) == 8
+    assert paths[:2] == [tmp_path / "02_memory.png", tmp_path / "02_memory.json"]
+    assert len(paths) == 2 * len(BENCH_FIGURES)

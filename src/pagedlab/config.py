@@ -44,7 +44,8 @@ class EngineConfig:
     stage: int  # 1 .. 6
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int = 0  # KV pool capacity in blocks of block_size tokens (0 = size it for the model)
-    max_model_len: int = 0  # prompt + output tokens at most (0 = min(model's max positions, 2048))
+    kv_cache_memory: int = 0  # bytes for the KV pool when num_kv_blocks is 0 ("512MiB" accepted; 0 = see below)
+    max_model_len: int = 0  # prompt + output tokens at most (0 = the model's max positions, capped by the pool)
     max_num_seqs: int = 32  # requests running at once at most
     max_num_batched_tokens: int = 0  # tokens per step at most (0 = max(2048, max_model_len))
     long_prefill_token_threshold: int = 0  # stage 5: cap on one request's prefill chunk; 0 = no cap (as vLLM)
@@ -88,6 +89,8 @@ class EngineConfig:
         preset = get_preset(number)
         kinds = {f.name: f.type for f in fields(cls)}  # "int" | "bool" | "str" (annotations are strings here)
         known = set(kinds) - {"stage"}
+        if isinstance(overrides.get("kv_cache_memory"), str):
+            overrides = overrides | {"kv_cache_memory": parse_bytes(overrides["kv_cache_memory"], "kv_cache_memory")}
         for name, value in overrides.items():
             if name not in known:
                 raise ValueError(f"{name}: not an engine setting (known: {', '.join(sorted(known))})")
@@ -105,7 +108,11 @@ class EngineConfig:
 
     def _with_defaults(self, model_max_len: int, kv_bytes_per_token: int) -> EngineConfig:
         _check_positive(self, "block_size", "max_num_seqs")
-        max_len = self.max_model_len or min(model_max_len, 2048)
+        if self.kv_cache_memory < 0:
+            raise ValueError(f"kv_cache_memory: expected bytes >= 0, got {self.kv_cache_memory}")
+        if self.kv_cache_memory and self.num_kv_blocks:
+            raise ValueError("kv_cache_memory: give it or num_kv_blocks, not both (each sizes the KV pool)")
+        max_len = self.max_model_len or model_max_len
         if max_len > model_max_len:
             raise ValueError(f"max_model_len: {max_len} exceeds the model's max_position_embeddings ({model_max_len})")
         if 0 < max_len < self.block_size:
@@ -113,8 +120,12 @@ class EngineConfig:
                 f"block_size: {self.block_size} tokens per block exceed max_model_len ({max_len}), so no request can "
                 f"fill one, and one block would take {format_bytes(self.block_size * kv_bytes_per_token)} of KV"
             )
-        batched = self.max_num_batched_tokens or max(2048, max_len)
         blocks = self.num_kv_blocks or _default_num_blocks(self, max_len, kv_bytes_per_token)
+        if not self.max_model_len and not self.num_kv_blocks:
+            # A pool sized from memory caps the length (vLLM fits max_model_len to the KV cache the same way);
+            # a pool the user sized keeps the model's length, and a request too long for it is refused.
+            max_len = min(max_len, blocks * self.block_size)
+        batched = self.max_num_batched_tokens or max(2048, max_len)  # vLLM's default without chunked prefill
         swap = self.num_swap_blocks or (blocks if self.preemption_mode == "swap" else 0)  # as big as the pool
         cfg = _replace(
             self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks, num_swap_blocks=swap
@@ -209,10 +220,36 @@ def kv_bytes_per_token(model_config, dtype: str) -> int:
 
 
 def _default_num_blocks(cfg: EngineConfig, max_len: int, kv_bytes_per_token: int) -> int:
-    """Enough for max_num_seqs requests of max_model_len tokens, within KV_MEMORY_BUDGET_BYTES."""
+    """The KV pool's size in blocks when num_kv_blocks is not given.
+
+    kv_cache_memory given: as many blocks as fit in it (vLLM gives the KV cache what gpu_memory_utilization
+    leaves after the weights). Not given: enough for max_num_seqs requests of max_model_len tokens, within
+    KV_MEMORY_BUDGET_BYTES (a small model then allocates no more than it can use).
+    """
+    block_bytes = max(1, kv_bytes_per_token * cfg.block_size)
+    if cfg.kv_cache_memory:
+        if cfg.kv_cache_memory < block_bytes:
+            raise ValueError(
+                f"kv_cache_memory: {format_bytes(cfg.kv_cache_memory)} is less than one block "
+                f"({format_bytes(block_bytes)} for block_size {cfg.block_size})"
+            )
+        return cfg.kv_cache_memory // block_bytes
     wanted = cfg.max_num_seqs * math.ceil(max_len / cfg.block_size)
-    affordable = KV_MEMORY_BUDGET_BYTES // max(1, kv_bytes_per_token * cfg.block_size)
-    return max(1, min(wanted, affordable))
+    return max(1, min(wanted, KV_MEMORY_BUDGET_BYTES // block_bytes))
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str, name: str) -> int:
+    """'512MiB' -> 536870912; '1.5GB' -> 1500000000; '4096' -> 4096 (a ValueError naming `name` otherwise)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and m.group(2).lower()
+    if not m or unit not in _BYTE_UNITS:
+        raise ValueError(f"{name}: {text!r} is not a size (e.g. 536870912, '512MiB', '2GB')")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit])
 
 
 def _replace(cfg: EngineConfig, **changes) -> EngineConfig:

@@ -63,6 +63,35 @@ class LLM:
                 self.engine.add_processed(group)
             return self._run(ids, use_tqdm)
 
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"}) or a list of them, answered.
+
+        Each conversation is rendered by the model's chat template (or `chat_template`) into one prompt,
+        tokenized as it stands (the template writes the special tokens itself), then generated like any
+        prompt: the engine never sees roles. Returns one RequestOutput per conversation, in order.
+        """
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("messages: this model folder has no tokenizer.json, so it has no chat template")
+        conversations = [messages] if _is_conversation(messages) else messages
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise ValueError("messages: expected a conversation (list of {'role', 'content'}) or a list of them")
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(
+                conversation, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            prompts.append({"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: one BeamSearchOutput per prompt, best sequences first."""
         prompts = _as_prompt_list(prompts)
@@ -112,15 +141,21 @@ class LLM:
             raise
 
 
+def _is_conversation(messages) -> bool:
+    return isinstance(messages, (list, tuple)) and bool(messages) and all(isinstance(m, dict) for m in messages)
+
+
 def _as_prompt_list(prompts) -> list:
-    """str | list[str] | list[int] | list[list[int]] -> a list of prompts."""
-    if isinstance(prompts, str):
+    """str | dict | list[int] | a list of those -> a list of prompts (a dict is vLLM's TextPrompt or TokensPrompt)."""
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
         return [list(prompts)]
     if isinstance(prompts, (list, tuple)):
         return list(prompts)
-    raise ValueError(f"prompts: expected str, list[str], list[int] or list[list[int]], got {type(prompts).__name__}")
+    raise ValueError(
+        f"prompts: expected str, list[str], list[int], list[list[int]] or prompt dicts, got {type(prompts).__name__}"
+    )
 
 
 def _per_prompt(value, n: int, name: str) -> list:

@@ -40,7 +40,7 @@ def test_copy_of_bundled_model_loads(folder):
 
 
 def test_not_a_folder(tmp_path):
-    with pytest.raises(ValueError, match="neither 'tiny-shakespeare' nor a folder"):
+    with pytest.raises(ValueError, match="neither 'tiny-shakespeare', 'smollm2-135m-instruct' nor a folder"):
         load_model(tmp_path / "nope")
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pagedlab.bench.kernel import run_kernel
 from pagedlab.bench.memory import run_memory
 from pagedlab.bench.prefix import run_prefix
+from pagedlab.bench.real import run_real
 from pagedlab.bench.scheduler import run_scheduler
 from pagedlab.bench.sharing import run_sharing
 from pagedlab.bench.throughput import run_throughput
@@ -35,6 +36,7 @@ BENCHES: dict[str, Callable[..., dict]] = {
     "throughput": run_throughput,  # §6.2 at our scale: continuous vs static batching (and HF generate), CPU
     "scheduler": run_scheduler,  # microseconds per schedule() + update() as the running batch grows
     "kernel": run_kernel,  # stage-6 Triton kernels vs torch: parity on CPU (interpreter); latency, bandwidth on GPU
+    "real": run_real,  # SmolLM2-135M-Instruct on CPU: pagedlab vs transformers' generate and generate_batch
 }
 
 

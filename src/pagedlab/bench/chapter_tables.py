@@ -165,10 +165,31 @@ def throughput_ratios(rows: list[dict]) -> str:
     return markdown(["continuous vs static", "ratio"], body)
 
 
+# --- chapter 7: figures/07_real.json -------------------------------------------------------------------------------
+
+
+def _cell(value, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def real_systems(rows: list[dict]) -> str:
+    """One line per system: best and slowest tokens/s, first-token time, steps, step cost, seats in use."""
+    header = ["system", "tokens/s", "slowest run", "time to first token", "steps", "time per step"]
+    header += ["decode step", "seats busy", "continuous ÷ this"]
+    body = []
+    for r in rows:
+        cells = [r["system"], f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s_worst']:.1f}"]
+        cells += [_cell(r["ttft_s"], "{:.1f} s"), _cell(r["steps"], "{}"), _cell(r["step_ms"], "{:.0f} ms")]
+        cells += [_cell(r["decode_step_ms"], "{:.0f} ms"), _cell(r["seat_use"] and 100 * r["seat_use"], "{:.0f}%")]
+        body.append([*cells, f"{r['continuous_vs_this']:.2f}×"])
+    return markdown(header, body)
+
+
 # figure stem -> table name -> rows -> the Markdown table a chapter quotes
 CHAPTER_TABLES: dict[str, dict[str, Callable[[list[dict]], str]]] = {
     "02_memory": {"systems": memory_systems, "block sizes": memory_block_sizes},
     "03_sharing": {"saved": sharing_saved},
     "04_prefix": {"runs": prefix_runs, "gains": prefix_gains},
     "05_throughput": {"systems": throughput_systems, "ratios": throughput_ratios},
+    "07_real": {"systems": real_systems},
 }

@@ -3,13 +3,14 @@
 Builds on: bench/common.py (write_rows_beside, read_rows), the benches' report modules (their figures).
 Read with: chapters/97-architecture.md (Benchmarks).
 
-Four benches draw a figure that a chapter shows and quotes numbers from. One run of a bench
+Five benches draw a figure that a chapter shows and quotes numbers from. One run of a bench
 writes both files, so the figure and the numbers cannot come from two different runs:
 
     pagedlab bench memory       figures/02_memory.png       figures/02_memory.json       chapter 2
     pagedlab bench sharing      figures/03_sharing.png      figures/03_sharing.json      chapter 3
     pagedlab bench prefix       figures/04_prefix.png       figures/04_prefix.json       chapter 4
     pagedlab bench throughput   figures/05_throughput.png   figures/05_throughput.json   chapter 5
+    pagedlab bench real         figures/07_real.png         figures/07_real.json         chapter 7 (SmolLM2)
 
 `pagedlab figures` redraws the PNGs from the committed JSON (seconds, the same picture every
 time); `pagedlab figures --rerun-benches` measures again (minutes) and rewrites both. The
@@ -25,15 +26,22 @@ from pathlib import Path
 from pagedlab.bench.common import read_rows
 
 # bench -> the figure's file name without its suffix; the JSON beside it has the same stem
-BENCH_FIGURES = {"memory": "02_memory", "sharing": "03_sharing", "prefix": "04_prefix", "throughput": "05_throughput"}
+BENCH_FIGURES = {
+    "memory": "02_memory",
+    "sharing": "03_sharing",
+    "prefix": "04_prefix",
+    "throughput": "05_throughput",
+    "real": "07_real",  # measuring it again needs the fetched model (`pagedlab fetch smollm2`)
+}
 # Rough seconds of each bench at its defaults on a quiet 2-core CPU (the estimate printed before a rerun)
-ROUGH_SECONDS = {"memory": 6, "sharing": 50, "prefix": 15, "throughput": 125}
+ROUGH_SECONDS = {"memory": 6, "sharing": 50, "prefix": 15, "throughput": 125, "real": 210}
 
 
 def figure_savers() -> dict[str, Callable[[list[dict], str | Path], Path]]:
     """bench -> its save_*_figure(rows, figures_dir), imported only when a figure is drawn."""
     from pagedlab.bench.memory import save_memory_figure
     from pagedlab.bench.prefix_report import save_prefix_figure
+    from pagedlab.bench.real_report import save_real_figure
     from pagedlab.bench.sharing_report import save_sharing_figure
     from pagedlab.bench.throughput_report import save_throughput_figure
 
@@ -42,6 +50,7 @@ def figure_savers() -> dict[str, Callable[[list[dict], str | Path], Path]]:
         "sharing": save_sharing_figure,
         "prefix": save_prefix_figure,
         "throughput": save_throughput_figure,
+        "real": save_real_figure,
     }
 
 

@@ -34,7 +34,26 @@ def check_request_id(request_id) -> None:
 
 
 def check_prompt(prompt, tokenizer: Tokenizer | None, vocab_size: int, max_model_len: int):
-    """Return (text or None, token ids) for a str or list[int] prompt, or raise ValueError."""
+    """Return (text or None, token ids) for a prompt, or raise ValueError.
+
+    A prompt is a str, a list[int], or vLLM's dicts: {"prompt": str} (TextPrompt) or
+    {"prompt_token_ids": list[int]} (TokensPrompt), which may carry its "prompt" text alongside (LLM.chat).
+    """
+    if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        if unknown:
+            raise ValueError(f"prompt: unknown key {unknown[0]!r} (a prompt dict has 'prompt' or 'prompt_token_ids')")
+        if "prompt_token_ids" not in prompt:
+            if "prompt" not in prompt:
+                raise ValueError("prompt: a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            return check_prompt(prompt["prompt"], tokenizer, vocab_size, max_model_len)
+        text = prompt.get("prompt")
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"prompt: 'prompt' must be a string, got {type(text).__name__}")
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, (list, tuple)) or isinstance(ids, str):
+            raise ValueError(f"prompt: 'prompt_token_ids' must be a list of ints, got {type(ids).__name__}")
+        return text, check_prompt(list(ids), tokenizer, vocab_size, max_model_len)[1]
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt: empty prompt")

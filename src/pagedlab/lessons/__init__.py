@@ -1,15 +1,17 @@
 """Stage 1: `pagedlab figures`, every figure of figures/ regenerated from a seeded run of the bundled model.
 
 Builds on: lessons/common.py (DPI, TracedRun, the savers) and one module per stage, lessons/stage1.py to
-lessons/stage5.py (each stage's workload, runs and figures), drawn by viz/ and viz/graphs.py.
+lessons/stage5.py (each stage's workload, runs and figures), and lessons/stage7.py (a real model), drawn by viz/
+and viz/graphs.py.
 Read with: chapters/01-contiguous-static.md, chapters/02-paged-blocks.md, chapters/03-copy-on-write.md,
-chapters/04-prefix-caching.md, chapters/05-continuous-batching.md.
+chapters/04-prefix-caching.md, chapters/05-continuous-batching.md, chapters/07-real-model.md.
 
 Figures are never drawn by hand (chapters/97-architecture.md, Layout). Each figure is one function
 `(out_dir) -> Path` listed in FIGURES; a later stage appends its own. The
 workload is greedy, so the same code gives the same pictures on every machine. A figure drawn by graphviz
 raises graphs.DotNotFound where `dot` is not installed: make_figures skips it and names every skipped
-figure in one line on stderr, with how to install `dot`.
+figure in one line on stderr, with how to install `dot`. Likewise a figure of chapter 7 raises
+stage7.ModelNotFetched before `pagedlab fetch smollm2`: skipped, and named in one line.
 Every public name of the stage modules is importable from here (`from pagedlab.lessons import STAGE2_POOL`).
 """
 
@@ -76,6 +78,33 @@ from pagedlab.lessons.stage5 import (
     stage5_workload,
     swap_tables_run,
 )
+from pagedlab.lessons.stage7 import (
+    STAGE7_FOLLOW_UP,
+    STAGE7_MAX_TOKENS,
+    STAGE7_MODEL,
+    STAGE7_POOL,
+    STAGE7_QUESTIONS,
+    STAGE7_SYSTEM,
+    STAGE7_TIGHT_POOL,
+    ChatRun,
+    KVSize,
+    ModelNotFetched,
+    TightRun,
+    chat_run,
+    fig_07_kv_per_token,
+    fig_07_preemption,
+    fig_07_second_turn,
+    fig_07_shared_prefix,
+    follow_up,
+    kv_sizes,
+    prompt_blocks,
+    resumed_with,
+    stage7_chats,
+    stage7_params,
+    tight_run,
+    token_pieces,
+)
+from pagedlab.lessons.stage7 import skipped_line as model_missing_line
 from pagedlab.viz import graphs
 
 FIGURES = [
@@ -92,24 +121,33 @@ FIGURES = [
     fig_05_tokens_per_step,
     fig_05_swap_block_tables,
     fig_05_static_vs_continuous,
+    fig_07_kv_per_token,
+    fig_07_shared_prefix,
+    fig_07_second_turn,
+    fig_07_preemption,
 ]
 
 
 def make_figures(out_dir: str | Path = "figures") -> list[Path]:
     """Write every figure in FIGURES to out_dir; returns the paths written, in order.
 
-    Without graphviz's `dot`, the figures it draws are skipped: one line on stderr names them all.
+    Without graphviz's `dot`, the figures it draws are skipped: one line on stderr names them all. Without the
+    fetched SmolLM2, so are chapter 7's, in a line of their own.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written, skipped = [], []
+    written, skipped, unfetched = [], [], []
     for make in FIGURES:
         try:
             written.append(make(out))
         except graphs.DotNotFound as e:
             skipped.append(e.path)
+        except ModelNotFetched as e:
+            unfetched.append(e.path)
     if skipped:
         print(graphs.dot_missing_line(skipped), file=sys.stderr)
+    if unfetched:
+        print(model_missing_line(unfetched), file=sys.stderr)
     return written
 
 
@@ -135,12 +173,24 @@ __all__ = [
     "STAGE5_PROMPTS",
     "STAGE5_SWAP_BLOCKS",
     "STAGE5_SWAP_STEP",
+    "STAGE7_FOLLOW_UP",
+    "STAGE7_MAX_TOKENS",
+    "STAGE7_MODEL",
+    "STAGE7_POOL",
+    "STAGE7_QUESTIONS",
+    "STAGE7_SYSTEM",
+    "STAGE7_TIGHT_POOL",
     "STATIC_VS_CONTINUOUS_POOL",
     "CacheRun",
+    "ChatRun",
+    "KVSize",
+    "ModelNotFetched",
     "ScheduleRun",
+    "TightRun",
     "TracedRun",
     "batching_run",
     "beam_tree_tables",
+    "chat_run",
     "cow_before_after",
     "fig_01_batch_timeline",
     "fig_01_kv_over_steps",
@@ -155,8 +205,17 @@ __all__ = [
     "fig_05_static_vs_continuous",
     "fig_05_swap_block_tables",
     "fig_05_tokens_per_step",
+    "fig_07_kv_per_token",
+    "fig_07_preemption",
+    "fig_07_second_turn",
+    "fig_07_shared_prefix",
+    "follow_up",
+    "kv_sizes",
     "make_figures",
+    "model_missing_line",
     "pool_comparison_run",
+    "prompt_blocks",
+    "resumed_with",
     "stage1_run",
     "stage1_workload",
     "stage2_block_table_run",
@@ -164,5 +223,9 @@ __all__ = [
     "stage4_cache_run",
     "stage5_run",
     "stage5_workload",
+    "stage7_chats",
+    "stage7_params",
     "swap_tables_run",
+    "tight_run",
+    "token_pieces",
 ]

@@ -24,6 +24,7 @@ from safetensors import safe_open
 from pagedlab.model.config import ModelConfig, read_json_object
 from pagedlab.model.llama import CausalLM
 from pagedlab.model.memory import check_memory
+from pagedlab.model.registry import SOURCES, resolve_named
 from pagedlab.model.tokenizer import Tokenizer
 
 BUNDLED_MODEL = "tiny-shakespeare"
@@ -49,9 +50,13 @@ def resolve_model_path(model: str | Path) -> Path:
         raise ValueError(f"model: expected {BUNDLED_MODEL!r} or the path of a Hugging Face folder, got {model!r}")
     if str(model) == BUNDLED_MODEL:
         return bundled_model_path()
+    named = resolve_named(str(model))  # "smollm2-135m-instruct" once fetched (model/registry.py)
+    if named is not None:
+        return named
     path = Path(model)
     if not path.is_dir():
-        raise ValueError(f"model: {str(model)!r} is neither {BUNDLED_MODEL!r} nor a folder")
+        others = ", ".join(repr(n) for n in SOURCES)
+        raise ValueError(f"model: {str(model)!r} is neither {BUNDLED_MODEL!r}, {others} nor a folder")
     return path
 
 
@@ -73,7 +78,7 @@ def load_model(
     module = module.to(device=device, dtype=dtype).eval()
     module.requires_grad_(False)
     tok_file = path / "tokenizer.json"
-    tokenizer = Tokenizer.from_file(tok_file) if tok_file.exists() else None
+    tokenizer = Tokenizer.from_folder(path) if tok_file.exists() else None
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(
             f"{tok_file}: {tokenizer.vocab_size} tokens but config.json field 'vocab_size' is {cfg.vocab_size}"

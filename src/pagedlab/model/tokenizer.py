@@ -19,10 +19,38 @@ from tokenizers.decoders import DecodeStream
 
 
 class Tokenizer:
-    """Encodes prompts and decodes outputs; special tokens are left out of decoded text."""
+    """Encodes prompts and decodes outputs; special tokens are left out of decoded text.
 
-    def __init__(self, hf: _HFTokenizer):
+    A chat model's folder also has tokenizer_config.json: its `chat_template` (and the special tokens'
+    text the template may use) make `apply_chat_template` work; see model/chat_template.py.
+    """
+
+    def __init__(self, hf: _HFTokenizer, chat_template: str | None = None, special_tokens: dict | None = None):
         self._hf = hf
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})  # e.g. {"bos_token": "<|im_start|>", "eos_token": ...}
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> Tokenizer:
+        """tokenizer.json of a model folder, with the chat template and special tokens of its tokenizer_config.json
+        (or of chat_template.jinja, as newer Hugging Face folders keep it)."""
+        path = Path(path)
+        tok = cls.from_file(path / "tokenizer.json")
+        config_file = path / "tokenizer_config.json"
+        if config_file.exists():
+            from pagedlab.model.config import read_json_object
+
+            config = read_json_object(config_file, "tokenizer_config.json")
+            tok.chat_template = _template_of(config.get("chat_template"), config_file)
+            for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+                text = config.get(key)
+                text = text.get("content") if isinstance(text, dict) else text
+                if isinstance(text, str):
+                    tok.special_tokens[key] = text
+        jinja = path / "chat_template.jinja"
+        if jinja.exists():
+            tok.chat_template = jinja.read_text(encoding="utf-8")
+        return tok
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -35,8 +63,34 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._hf.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; add_special_tokens=False leaves out what the post-processor adds (a <bos>)."""
+        return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        chat_template: str | None = None,
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        **kwargs,
+    ) -> str | list[int]:
+        """transformers' apply_chat_template: the conversation as the model's prompt, text or token ids.
+
+        add_generation_prompt=True ends the text with the assistant's header, so the model answers
+        instead of continuing the user's turn. The rendered text already holds the special tokens it
+        needs, so tokenizing adds none.
+        """
+        from pagedlab.model import chat_template as chat
+
+        template = chat_template if chat_template is not None else self.chat_template
+        if template is None:
+            raise ValueError(
+                "chat_template: this tokenizer has none (no chat_template in tokenizer_config.json); pass one"
+            )
+        messages = chat.check_conversation(conversation, "conversation")
+        text = chat.render(template, messages, add_generation_prompt, **(self.special_tokens | kwargs))
+        return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def decode(self, token_ids: list[int]) -> str:
         return self._hf.decode(list(token_ids), skip_special_tokens=True)
@@ -50,6 +104,17 @@ class Tokenizer:
 
     def save(self, path: str | Path) -> None:
         self._hf.save(str(path))
+
+
+def _template_of(value, source: Path) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of {"name", "template"} (then "default")."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if isinstance(named.get("default"), str):
+            return named["default"]
+    raise ValueError(f"{source}: field 'chat_template' must be a string or a list of named templates with 'default'")
 
 
 class IncrementalDetokenizer:

