@@ -250,7 +250,8 @@ def _serve_hf_batch(hf_model, stream: list[ChatRequest], max_num_seqs: int, max_
         wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     outs = [done[i] for i in ids]
     failed = [o.error for o in outs if o.error is not None]
-    check(not failed, f"generate_batch: {len(failed)} requests failed, e.g. {failed[:1]}")
+    if failed:
+        raise InvariantError(f"generate_batch: {len(failed)} requests failed, e.g. {failed[:1]}")
     first = [o.timestamps[0] - start for o in outs]
     latency = [o.timestamps[-1] - start for o in outs]
     threads = max(seen) if seen else None  # one forward pass per step: the hook saw every step
