@@ -174,15 +174,21 @@ def _sibling_blocks(rid: str, before: StepTrace, now: StepTrace) -> set[int]:
 
 
 def _growth(before: StepTrace, now: StepTrace) -> list[StepEvent]:
-    """Blocks that running requests gained this step, and copy-on-write copies."""
+    """Blocks that running requests gained this step, and copy-on-write copies.
+
+    A child admitted with an empty table (it waits for its leader's prefill) forks a step later: the
+    blocks it gains that a sibling holds are shared, not allocated."""
     events = []
     copied = {(rid, dst): src for rid, src, dst in now.copies}
     for rid, table in now.block_tables.items():
         if rid not in before.running:
             continue  # an admission: _admissions told it
         old = set(before.block_tables.get(rid, ()))
-        new = tuple(b for b in table if b not in old and (rid, b) not in copied)
-        if new:
+        gained = [b for b in table if b not in old and (rid, b) not in copied]
+        shared = _sibling_blocks(rid, before, now) if gained and not old else set()
+        if forked := tuple(b for b in gained if b in shared):
+            events.append(StepEvent("fork", rid, forked, detail="no copy yet"))
+        if new := tuple(b for b in gained if b not in shared):
             events.append(StepEvent("allocate", rid, new))
     for (rid, dst), src in copied.items():
         events.append(StepEvent("copy", rid, (src, dst), detail=f"block {src} is shared; {rid} writes into {dst}"))

@@ -71,6 +71,11 @@ class StepTrace:
     copies: list[tuple[str, int, int]] = field(default_factory=list)  # (request_id, src, dst): copy-on-write
     finish_reasons: dict[str, str] = field(default_factory=dict)  # request_id -> "stop" | "length" | "abort"
     groups: dict[str, str] = field(default_factory=dict)  # running child (n > 1, beams) -> its user request id
+    num_prompt_tokens: dict[str, int] = field(default_factory=dict)  # running request_id -> its prompt length
+    # The block pool as it stood (stage 2+; None at stage 1, which has regions and no pool):
+    free_queue: list[int] | None = None  # free block ids, head (allocated next) to tail
+    ref_cnts: list[int] = field(default_factory=list)  # block_id -> ref_cnt
+    block_hashes: list = field(default_factory=list)  # block_id -> its cached block_hash, or None (stage 4+)
 
     @classmethod
     def capture(cls, step: int, now: float, scheduler_output, scheduler, kv_manager) -> StepTrace:
@@ -97,4 +102,20 @@ class StepTrace:
             swap_in=list(so.swap_in),
             copies=[(c.request_id, c.src, c.dst) for c in so.block_copies],
             groups={r.request_id: r.group_id for r in running if r.group_id != r.request_id},
+            num_prompt_tokens={r.request_id: r.num_prompt_tokens for r in running},
+            **pool_state(getattr(kv_manager, "pool", None)),
         )
+
+
+def pool_state(pool) -> dict:
+    """The pool as three flat lists (one walk of the free queue, one pass over the blocks); {} without one.
+
+    The hashes are the blocks' own hash objects, not copies: a step costs O(num_kv_blocks) references."""
+    if pool is None:
+        return {}
+    blocks = pool.blocks
+    return {
+        "free_queue": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        "ref_cnts": [b.ref_cnt for b in blocks],
+        "block_hashes": [b.block_hash for b in blocks],
+    }
