@@ -186,6 +186,64 @@ def _add_demo(sub) -> None:
     demo.set_defaults(func=_cmd_demo)
 
 
+def _cmd_trace(args: argparse.Namespace) -> int:
+    from pagedlab.tools.demo import DemoOptions
+    from pagedlab.viz.page import demo_trace, write_html
+
+    given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
+    trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
+    if args.compare:
+        from pagedlab.viz.page import _run_label, write_compare_html
+
+        name, value = _compare_setting(args.compare)
+        other = demo_trace(DemoOptions(**(given | {name: value}), mode="log"), max_steps=args.max_steps)
+        runs = [(_run_label(trace), trace), (f"{_run_label(other)}: {args.compare}", other)]
+        path = write_compare_html(runs, args.html, title=f"pagedlab: the demo's scenario, and with {args.compare}")
+        steps = f"{len(trace['steps'])} and {len(other['steps'])} steps"
+    else:
+        title = f"pagedlab: stage {trace['stage']} ({trace['stage_name']}), {len(trace['requests'])} requests"
+        path = write_html(trace, args.html, title=title)
+        steps = f"{len(trace['steps'])} steps"
+    print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, {steps})")
+    return 0
+
+
+def _compare_setting(text: str) -> tuple[str, object]:
+    """--compare NAME=VALUE: one demo setting (DEMO_SETTINGS) changed for the second run."""
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or name not in DEMO_SETTINGS or name == "delay":
+        known = ", ".join(n.replace("_", "-") for n in DEMO_SETTINGS if n != "delay")
+        raise ValueError(f"compare: expected NAME=VALUE with NAME one of {known}, got {text!r}")
+    kind = DEMO_SETTINGS[name][0]
+    try:
+        return name, kind(value)
+    except ValueError:
+        raise ValueError(f"compare: {name} wants {kind.__name__}, got {value!r}") from None
+
+
+def _add_trace(sub) -> None:
+    trace = sub.add_parser(
+        "trace",
+        help="run the demo's scenario and write a page to step through it in a browser (--html run.html)",
+        description="Runs the scenario of `pagedlab demo` to the end (no live view) and writes one self-contained "
+        "HTML file: queues, block tables, the KV pool, token budget and a Gantt of the run, step by step. "
+        "Open run.html#step=N to start at step N.",
+    )
+    trace.add_argument("--html", required=True, metavar="PATH", help="the page to write, e.g. run.html")
+    trace.add_argument("--max-steps", type=int, default=10_000, help="give up after this many engine steps")
+    trace.add_argument(
+        "--compare",
+        default=None,
+        metavar="NAME=VALUE",
+        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by side",
+    )
+    for name, (kind, help_text) in DEMO_SETTINGS.items():
+        if name != "delay":  # no live view here
+            trace.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+    trace.set_defaults(func=_cmd_trace)
+
+
 def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="generate text from prompts with the engine of a stage")
     gen.add_argument("prompts", nargs="*", default=["ROMEO:"])
@@ -237,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
+    _add_trace(sub)
     _add_generate(sub)
 
     fetch = sub.add_parser(

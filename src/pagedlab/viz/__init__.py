@@ -56,7 +56,17 @@ from pagedlab.viz.schedule import (
     tokens_per_step,
 )
 
+
+def step_through(llm_or_trace, compare=None, height: int = 1050):
+    """The step-through page of a run, inline in a notebook (viz/page.py): an LLM run with record_trace=True,
+    or its viz.trace dict; `compare`: a second run shown side by side under one slider."""
+    from pagedlab.viz.page import step_through as show
+
+    return show(llm_or_trace, compare=compare, height=height)
+
+
 __all__ = [
+    "step_through",
     "CACHED",
     "DECODE",
     "FINISHED",

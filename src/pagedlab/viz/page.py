@@ -1,0 +1,203 @@
+"""Stage 1: a run as one self-contained HTML page to step through in a browser (`pagedlab trace --html`).
+
+Builds on: viz/trace.py (the trace format the page reads), viz/palette.py (its colours).
+Read with: chapters/05-continuous-batching.md, chapters/97-architecture.md (One engine step).
+
+The page is viz/step_through.html (plain JavaScript, no framework) with the trace embedded as JSON:
+
+    <script type="application/json" id="trace">{"version": 1, ...}</script>
+
+It reads nothing else: no network, no other file, so it can be mailed or opened from a USB stick. A slider,
+◀ / ▶, play, ← / → and Home / End move through the steps; `page.html#step=N` opens at engine step N and the
+address follows the slider. Panels, all of one step: the queues, the block tables, the pool map, the token
+budget, what changed; and a Gantt of the whole run with the step's cursor.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib.resources import files
+from pathlib import Path
+
+from pagedlab.viz import palette
+from pagedlab.viz.trace import dumps, to_trace, validate
+
+TEMPLATE = "step_through.html"  # package data beside this file (pyproject: [tool.setuptools.package-data])
+HELD = "#bbbbbb"  # the Gantt: a running request that holds K/V but was not scheduled this step
+
+
+def render_html(trace: dict, title: str = "pagedlab: step through a run") -> str:
+    """The page for `trace` (a viz.trace dict, validated first) as one HTML string."""
+    validate(trace)
+    page = files("pagedlab.viz").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return (
+        page.replace("__PALETTE__", _palette_css())
+        .replace("__REQUEST_COLOURS__", json.dumps(list(palette._REQUEST_COLOURS)))
+        .replace("__TITLE__", html.escape(title))
+        .replace("__TRACE__", embed_json(trace))
+    )
+
+
+def write_html(trace: dict, path, title: str = "pagedlab: step through a run") -> Path:
+    """Write render_html(trace) to `path` (its folder made if needed); returns the path."""
+    return _write(render_html(trace, title), path)
+
+
+def render_compare_html(runs: list[tuple[str, dict]], title: str = "pagedlab: two runs side by side") -> str:
+    """Two (or more) runs' pages side by side under one slider: one engine step for all, the same colour for a
+    request in every run (colours follow the request ids' order). Each run is its own page in a frame
+    (`srcdoc`: still one file, no network); the shared controls call each page's window.pagedlab.goToStep."""
+    if len(runs) < 2:
+        raise ValueError(f"compare: expected at least two runs, got {len(runs)}")
+    frames = "\n".join(
+        f'<figure><figcaption data-run="{i}">{html.escape(label)} · <span class="frame-label"></span></figcaption>'
+        f'<iframe data-run="{i}" title="{html.escape(label)}" srcdoc="{html.escape(render_html(trace, label))}">'
+        "</iframe></figure>"
+        for i, (label, trace) in enumerate(runs)
+    )
+    last = max((t["steps"][-1]["step"] if t["steps"] else 0) for _, t in runs)
+    return (
+        _COMPARE.replace("__TITLE__", html.escape(title)).replace("__FRAMES__", frames).replace("__LAST__", str(last))
+    )
+
+
+def write_compare_html(runs: list[tuple[str, dict]], path, title: str = "pagedlab: two runs side by side") -> Path:
+    return _write(render_compare_html(runs, title), path)
+
+
+def step_through(llm_or_trace, compare=None, height: int = 1050):
+    """The step-through page inline in a notebook: an IPython HTML object holding the page in a frame.
+
+    `llm_or_trace`: an LLM run with record_trace=True (or its viz.trace dict); `compare`: another one, shown
+    side by side under one slider. The page travels inside the notebook's output (no kernel round-trip to
+    scrub), so it also works in a static notebook viewer and in exported HTML.
+    """
+    from IPython.display import HTML
+
+    def as_trace(x) -> dict:
+        return x if isinstance(x, dict) else to_trace(x)
+
+    first = as_trace(llm_or_trace)
+    if compare is None:
+        page = render_html(first)
+    else:
+        second = as_trace(compare)
+        page = render_compare_html([(_run_label(first), first), (_run_label(second), second)])
+    frame = f'<iframe srcdoc="{html.escape(page)}" style="width:100%;height:{height}px;border:0"></iframe>'
+    return HTML(f'<div class="pagedlab-step-through">{frame}</div>')  # a bare <iframe> makes IPython warn
+
+
+def _run_label(trace: dict) -> str:
+    c = trace["config"]
+    mode = f", {c['preemption_mode']}" if trace["stage"] >= 5 else ""
+    return f"stage {trace['stage']} ({trace['stage_name']}{mode})"
+
+
+def _write(page: str, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+_COMPARE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<style>
+  body { font-family: system-ui, sans-serif; margin: 12px; }
+  #controls { display: flex; gap: 8px; align-items: center; margin: 8px 0; }
+  #slider { flex: 1; }
+  .runs { display: flex; flex-wrap: wrap; gap: 12px; }
+  figure { flex: 1 1 640px; margin: 0; }
+  figcaption { font-weight: 600; margin-bottom: 4px; }
+  iframe { width: 100%; height: 1000px; border: 1px solid #ccc; }
+</style></head>
+<body>
+<h1>__TITLE__</h1>
+<div id="controls"><button id="prev">◀</button><button id="play">play</button><button id="next">▶</button>
+<input type="range" id="slider" min="1" max="__LAST__" value="1"><span id="step-label"></span></div>
+<div class="runs">
+__FRAMES__
+</div>
+<script>
+"use strict";
+(function () {
+  const LAST = __LAST__;
+  const frames = [...document.querySelectorAll("iframe")];
+  let step = 1, timer = null, ready = 0;
+  const $ = (id) => document.getElementById(id);
+  function show(n) {
+    step = Math.max(1, Math.min(LAST, n | 0));
+    $("slider").value = String(step);
+    $("step-label").textContent = `step ${step} of ${LAST}`;
+    document.body.dataset.step = String(step);
+    for (const f of frames) {
+      const page = f.contentWindow && f.contentWindow.pagedlab;
+      if (!page) continue;
+      page.goToStep(step);  /* a run that ended earlier stays on its last step */
+      const caption = document.querySelector(`figcaption[data-run="${f.dataset.run}"] .frame-label`);
+      caption.textContent = page.label();
+    }
+    history.replaceState(null, "", `#step=${step}`);
+  }
+  function play() {
+    if (timer) { clearInterval(timer); timer = null; $("play").textContent = "play"; return; }
+    if (step >= LAST) show(1);
+    $("play").textContent = "pause";
+    timer = setInterval(() => { if (step >= LAST) play(); else show(step + 1); }, 600);
+  }
+  const KEYS = {ArrowLeft: () => show(step - 1), ArrowRight: () => show(step + 1), Home: () => show(1),
+                End: () => show(LAST), " ": play};
+  document.addEventListener("keydown", (e) => {
+    const action = KEYS[e.key];
+    if (!action || e.altKey || e.ctrlKey || e.metaKey) return;
+    e.preventDefault();
+    action();
+  });
+  $("prev").addEventListener("click", () => show(step - 1));
+  $("next").addEventListener("click", () => show(step + 1));
+  $("play").addEventListener("click", play);
+  $("slider").addEventListener("input", (e) => show(parseInt(e.target.value, 10)));
+  /* #step=N opens at step N; keys=right,left,... presses those keys through the same handler (tests). */
+  function start() {
+    const params = new URLSearchParams(location.hash.slice(1));
+    const n = parseInt(params.get("step"), 10);
+    show(Number.isFinite(n) ? n : 1);
+    const names = {left: "ArrowLeft", right: "ArrowRight", home: "Home", end: "End"};
+    for (const k of (params.get("keys") || "").split(",").filter(Boolean))
+      if (names[k]) document.dispatchEvent(new KeyboardEvent("keydown", {key: names[k], bubbles: true}));
+  }
+  for (const f of frames) f.addEventListener("load", () => { if (++ready === frames.length) start(); });
+})();
+</script>
+</body></html>
+"""
+
+
+def demo_trace(opts, max_steps: int = 10_000) -> dict:
+    """Run the demo's scenario (tools/demo.py, a DemoOptions) to the end without drawing; its trace, with the
+    prompts and output texts. A ValueError if requests are still unfinished after max_steps engine steps."""
+    from pagedlab.tools.demo import add_requests, check_options, make_llm
+
+    check_options(opts)
+    llm = make_llm(opts)
+    prompts, texts = add_requests(llm, opts), {}
+    for _ in range(max_steps):
+        if not llm.engine.has_unfinished_requests():
+            return to_trace(llm, prompts, texts)
+        texts |= {out.request_id: out.outputs[0].text for out in llm.engine.step()}
+    raise ValueError(f"max_steps: requests still unfinished after {max_steps} engine steps")
+
+
+def embed_json(trace: dict) -> str:
+    """The trace as JSON that cannot end its <script> element early: "</" becomes "<\\/" and "<!--" becomes
+    "<\\u0021--" (both still the same JSON strings: they occur only inside strings)."""
+    return dumps(trace).replace("</", "<\\/").replace("<!--", "<\\u0021--")
+
+
+def _palette_css() -> str:
+    """The one palette as CSS variables (--free, --used, ...), so the page's colours are the figures' colours."""
+    names = {"free": palette.FREE, "used": palette.USED, "shared": palette.SHARED, "cached": palette.CACHED,
+             "prefill": palette.PREFILL, "decode": palette.DECODE, "waiting": palette.WAITING,
+             "preempted": palette.PREEMPTED, "swapped": palette.SWAPPED, "held": HELD}  # fmt: skip
+    return "\n".join(f"  --{name}: {colour};" for name, colour in names.items())
