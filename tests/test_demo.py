@@ -214,3 +214,13 @@ def test_block_list_abbreviates_runs():
     assert block_list([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"
     assert block_list([]) == "-"
     assert block_list(list(range(0, 40, 2)), max_chars=10) == "0,2,4,6,8…"
+
+
+def test_priority_and_caching_off_change_the_same_scenario():
+    base = summarize(run(mode="log")[0], 10)
+    llm, _ = run(mode="log", scheduling_policy="priority")
+    first_admitted = set(llm.engine.trace[0].running)  # request i has priority i % 3; lower is served first
+    assert summarize(llm, 10)["finished"] == 10
+    assert {"0", "3", "6", "9"} <= first_admitted and not first_admitted & {"2", "5", "8"}
+    off = summarize(run(mode="log", enable_prefix_caching=False)[0], 10)
+    assert off["prefix_cache_hits"] == 0 < base["prefix_cache_hits"] and off["finished"] == 10

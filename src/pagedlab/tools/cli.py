@@ -153,6 +153,16 @@ def _cmd_train_tiny(args: argparse.Namespace) -> int:
 
 
 # The scenario's settings a flag may change (unset: DemoOptions' defaults, the teaching scenario).
+def _on_off(text: str) -> bool:
+    """A flag's on/off value: on, off, true, false, 1, 0."""
+    words = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+    if text.lower() not in words:
+        raise ValueError(f"expected on or off, got {text!r}")
+    return words[text.lower()]
+
+
+_on_off.__name__ = "on/off"  # argparse and --compare name the kind in their errors
+
 DEMO_SETTINGS = {
     "stage": (str, "number or name (default: continuous)"),
     "model": (str, "'tiny-shakespeare' (default) or a Hugging Face folder"),
@@ -163,6 +173,8 @@ DEMO_SETTINGS = {
     "num_kv_blocks": (int, "the KV pool's size in blocks (default 24)"),
     "max_model_len": (int, "tokens per request at most; stage 1 reserves this many (default 96)"),
     "preemption_mode": (str, "stage 5: recompute (default) or swap"),
+    "scheduling_policy": (str, "stage 5: fcfs (default) or priority (request i gets priority i % 3)"),
+    "enable_prefix_caching": (_on_off, "stage 4+: on (default) or off"),
     "temperature": (float, "default 0.8; 0 = greedy"),
     "seed": (int, "request i samples with seed + i (default 0)"),
     "delay": (float, "seconds per live frame (default 0.3)"),

@@ -73,6 +73,8 @@ class DemoOptions:
     max_num_batched_tokens: int = 96  # the token budget of a step
     long_prefill_token_threshold: int = 16  # stage 5: longer prompts are fed in chunks of this many
     preemption_mode: str | None = None  # stage 5: "recompute" (None: the engine's default) or "swap"
+    scheduling_policy: str | None = None  # stage 5: "fcfs" (None: the engine's default) or "priority"
+    enable_prefix_caching: bool | None = None  # stage 4+: None = the stage's default (on)
     temperature: float = 0.8  # 0 = greedy
     seed: int = 0  # request i samples with seed + i
     mode: str = "live"  # "live": a live view; "step": a key per step; "log": a line per step
@@ -141,7 +143,8 @@ def _stage_settings(opts: DemoOptions) -> dict:
     (the engine refuses it at a stage that never preempts)."""
     uses = get_preset(default_stage() if opts.stage is None else parse_stage(opts.stage)).uses
     chunks = {"long_prefill_token_threshold": opts.long_prefill_token_threshold}
-    given = {"preemption_mode": opts.preemption_mode} if opts.preemption_mode is not None else {}
+    optional = {name: getattr(opts, name) for name in ("preemption_mode", "scheduling_policy", "enable_prefix_caching")}
+    given = {name: value for name, value in optional.items() if value is not None}
     return {name: value for name, value in chunks.items() if name in uses} | given
 
 
@@ -152,7 +155,8 @@ def add_requests(llm: LLM, opts: DemoOptions) -> dict[str, str]:
         prompt, length = SCENARIO[i % len(SCENARIO)]
         length = length if opts.max_tokens is None else opts.max_tokens
         params = SamplingParams(temperature=opts.temperature, max_tokens=length, seed=opts.seed + i, ignore_eos=True)
-        llm.engine.add_request(str(i), prompt, params)
+        priority = i % 3 if opts.scheduling_policy == "priority" else 0  # a spread: lower is served first
+        llm.engine.add_request(str(i), prompt, params, priority=priority)
         prompts[str(i)] = prompt
     return prompts
 
