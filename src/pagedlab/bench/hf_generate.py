@@ -75,12 +75,24 @@ def serve_hf(model, stream: list[StreamRequest], batch_size: int) -> Served:
 
 
 def _generate_batch(model, batch: list[StreamRequest]):
-    """Greedy `generate` on one left-padded batch: (new token ids [B, N], the end time of each of the N steps)."""
+    """Greedy `generate` on one left-padded batch, past EOS: (new token ids [B, N], the end time of each step)."""
+    num_new = max(r.output_len for r in batch)
+    new, times = generate_padded(model, [r.prompt_token_ids for r in batch], num_new)  # eos None: as ignore_eos
+    check(new.shape[1] == num_new, "generate stopped early")
+    return new, times
+
+
+def generate_padded(model, prompts: list[list[int]], max_new_tokens: int, eos_token_id=None, pad_token_id: int = 0):
+    """Greedy `generate` on one left-padded batch: (new token ids [B, N], the end time of each of the N steps).
+
+    eos_token_id None runs every row the full length; a pad of 0 under mask 0 is never read, whatever its id.
+    Shared by the throughput bench (hf-generate) and the real-model bench.
+    """
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class StepClock(StoppingCriteria):
-        """Never stops generation; notes when each step ends."""
+        """Never stops generation (EOS or the length does); notes when each step ends."""
 
         def __init__(self):
             self.times: list[float] = []
@@ -89,21 +101,20 @@ def _generate_batch(model, batch: list[StreamRequest]):
             self.times.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
-    width = max(len(r.prompt_token_ids) for r in batch)
-    pad = [width - len(r.prompt_token_ids) for r in batch]
-    ids = torch.tensor([[0] * p + list(r.prompt_token_ids) for p, r in zip(pad, batch)])  # [B, P]
-    mask = torch.tensor([[0] * p + [1] * (width - p) for p in pad])  # [B, P]: 0 = padding
+    width = max(len(p) for p in prompts)
+    pad = [width - len(p) for p in prompts]
+    ids = torch.tensor([[pad_token_id] * n + list(p) for n, p in zip(pad, prompts)])  # [B, P]
+    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad])  # [B, P]: 0 = padding, never a prompt's EOS
     clock = StepClock()
-    num_new = max(r.output_len for r in batch)
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
-            max_new_tokens=num_new,
+            max_new_tokens=max_new_tokens,
             do_sample=False,
-            eos_token_id=None,  # run the full length past EOS, as ignore_eos does
-            pad_token_id=0,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
             stopping_criteria=StoppingCriteriaList([clock]),
         )
-    check(out.shape[1] == width + num_new == width + len(clock.times), "generate stopped early")
+    check(out.shape[1] == width + len(clock.times), "generate: a step without its clock")
     return out[:, width:], clock.times

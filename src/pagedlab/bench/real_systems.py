@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 
+from pagedlab.bench.hf_generate import generate_padded
 from pagedlab.bench.real import ENGINE_STAGES, ROOFLINE_STEPS, ChatRequest, Run
 from pagedlab.errors import InvariantError, check
 
@@ -149,7 +150,9 @@ def serve_hf_generate(hf_model, stream: list[ChatRequest], batch_size: int) -> R
     tokens, first, latency, steps, prefill_s, decode_s = [], [], [], 0, 0.0, []
     for i in range(0, len(stream), batch_size):
         batch, batch_start = stream[i : i + batch_size], time.perf_counter()
-        rows, step_times = _generate_padded(hf_model, batch, eos)
+        prompts, longest = [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch)
+        rows, step_times = generate_padded(hf_model, prompts, longest, eos_token_id=eos, pad_token_id=eos[0])
+        rows = rows.tolist()
         for row, r in zip(rows, batch):
             tokens.append(own_output(row, r.max_tokens, eos))
             first.append(step_times[0] - start)
@@ -161,40 +164,6 @@ def serve_hf_generate(hf_model, stream: list[ChatRequest], batch_size: int) -> R
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     decode_step_s = statistics.median(decode_s) if decode_s else None
     return Run(tokens, first, latency, wall_s, cpu_s, steps, torch.get_num_threads(), None, decode_step_s, prefill_s)
-
-
-def _generate_padded(hf_model, batch: list[ChatRequest], eos: list[int]):
-    """Greedy `generate` on one left-padded batch: (each row's new tokens, the end time of each step)."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class StepClock(StoppingCriteria):
-        """Never stops generation (EOS does); notes when each step ends."""
-
-        def __init__(self):
-            self.times: list[float] = []
-
-        def __call__(self, input_ids, scores, **kwargs):
-            self.times.append(time.perf_counter())
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    width = max(len(r.prompt_token_ids) for r in batch)
-    pad = [width - len(r.prompt_token_ids) for r in batch]
-    ids = torch.tensor([[eos[0]] * p + list(r.prompt_token_ids) for p, r in zip(pad, batch)])  # [B, P]
-    mask = torch.tensor([[0] * p + [1] * (width - p) for p in pad])  # [B, P]: 0 = padding, never a prompt's EOS
-    clock = StepClock()
-    with torch.inference_mode():
-        out = hf_model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max(r.max_tokens for r in batch),
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=eos[0],
-            stopping_criteria=StoppingCriteriaList([clock]),
-        )
-    check(out.shape[1] == width + len(clock.times), "generate: a step without its clock")
-    return out[:, width:].tolist(), clock.times
 
 
 def hf_batch_job(model: str, stream: list[ChatRequest], max_num_seqs: int, max_batch_tokens: int):
