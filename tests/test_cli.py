@@ -69,7 +69,7 @@ def test_describe_an_unknown_stage_names_it(capsys):
         (["demo", "--no-live", "--num-requests", "0"], "pagedlab demo: num_requests:"),
         (["demo", "--no-live", "--stage", "1", "--preemption-mode", "swap"], "pagedlab demo: preemption_mode:"),
         (["bench", "speed"], "pagedlab bench: unknown bench 'speed'"),
-        (["assignment", "grade", "/no/such/workspace"], "pagedlab assignment:"),
+        (["assignment", "grade", "/no/such/workspace", "--stage", "2"], "pagedlab assignment: workspace:"),
     ],
     ids=[
         "max-tokens",

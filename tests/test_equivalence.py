@@ -103,12 +103,15 @@ def oracle_output(prompt: str, max_tokens: int, max_model_len: int):
     return oracle.greedy(m.model, ids, max_tokens, eos_token_ids=m.config.eos_token_ids, max_model_len=max_model_len)
 
 
+# The assignment task each stage's end-to-end check grades (chapters/98-assignments.md): the one that ties it together.
+EQUIVALENCE_TASK = {1: "static-schedule", 2: "slot-mapping", 3: "fork-cow", 4: "lookup", 5: "schedule"}
+
 CASES = [
     pytest.param(
         stage,
         cfg,
         id=f"stage{stage}-" + "-".join(f"{k}={v}" for k, v in cfg.items()),
-        marks=getattr(pytest.mark, f"stage{stage}"),
+        marks=[getattr(pytest.mark, f"stage{stage}"), pytest.mark.task(EQUIVALENCE_TASK[stage])],
     )
     for stage, configs in STAGE_CONFIGS.items()
     if stage in STAGES
@@ -148,8 +151,14 @@ def oracle_sample(prompt: str, max_tokens: int, seed: int):
 @pytest.mark.parametrize(
     "stage, cfg",
     [
-        pytest.param(3, {"max_num_seqs": 3, "block_size": 4}, marks=pytest.mark.stage3),
-        pytest.param(5, {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24}, marks=pytest.mark.stage5),
+        pytest.param(
+            3, {"max_num_seqs": 3, "block_size": 4}, marks=[pytest.mark.stage3, pytest.mark.task("n-sharing")]
+        ),
+        pytest.param(
+            5,
+            {"max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24},
+            marks=[pytest.mark.stage5, pytest.mark.task("preempt")],
+        ),
         pytest.param(
             5,
             {
@@ -159,7 +168,7 @@ def oracle_sample(prompt: str, max_tokens: int, seed: int):
                 "preemption_mode": "swap",
                 "long_prefill_token_threshold": 5,
             },
-            marks=pytest.mark.stage5,
+            marks=[pytest.mark.stage5, pytest.mark.task("swap")],
         ),
     ],
 )

@@ -41,6 +41,7 @@ def assert_beams_match(got, expected, eos, length_penalty, label=""):
     assert len(got) == len(expected)
 
 
+@pytest.mark.task("beam-step")
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("width", [1, 2, 4])
 def test_beam_search_equals_the_oracle(block_size, width):
@@ -55,6 +56,7 @@ def test_beam_search_equals_the_oracle(block_size, width):
     assert llm.engine.kv_manager.num_used_blocks == 0
 
 
+@pytest.mark.task("beam-step")
 def test_beams_that_end_in_eos_are_set_aside():
     llm = LLM(stage=3, block_size=4, max_num_seqs=8, debug_checks=True)
     # A long search: some candidates end in <eos> (finish_reason "stop"), the rest run to "length".
@@ -64,6 +66,7 @@ def test_beams_that_end_in_eos_are_set_aside():
     assert {s.finish_reason for s in out.sequences} <= {"stop", "length"}
 
 
+@pytest.mark.task("n-sharing")
 def test_n_children_share_the_prompt_and_equal_independent_requests():
     llm = LLM(stage=3, block_size=4, max_num_seqs=8, debug_checks=True, record_trace=True)
     prompt = "KING RICHARD III:\nNow is the winter"
@@ -81,12 +84,14 @@ def test_n_children_share_the_prompt_and_equal_independent_requests():
     assert shared_peak < 4 * len(tables[0])
 
 
+@pytest.mark.task("n-sharing")
 def test_greedy_n_gives_identical_children():
     llm = LLM(stage=3, max_num_seqs=8)
     out = llm.generate("ROMEO:", SamplingParams(n=3, temperature=0, max_tokens=12), use_tqdm=False)[0]
     assert len({tuple(c.token_ids) for c in out.outputs}) == 1
 
 
+@pytest.mark.task("beam-step")
 def test_abort_a_beam_search_frees_its_blocks():
     llm = LLM(stage=3, max_num_seqs=8, debug_checks=True)
     engine = llm.engine
@@ -106,6 +111,7 @@ def test_beam_width_must_fit_max_num_seqs():
         llm.beam_search(["ROMEO:"], BeamSearchParams(beam_width=4, max_tokens=4))
 
 
+@pytest.mark.task("n-sharing")
 def test_static_admission_counts_a_groups_shared_prompt_blocks_once():
     """Two n=3 requests of 7 prompt tokens, blocks of 4, 16 blocks: each group's worst case is the
     prompt's full block once plus 2 blocks per child, 7 blocks (not 3 x 3 = 9), so both run at once."""
@@ -125,6 +131,7 @@ def test_static_admission_counts_a_groups_shared_prompt_blocks_once():
     assert engine.kv_manager.num_used_blocks == 0
 
 
+@pytest.mark.task("n-sharing")
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_static_admission_with_shared_prompts_never_runs_out(tiny_model_dir, data):

@@ -19,6 +19,7 @@ def prefill_tokens(llm):
     return sum(first.values())
 
 
+@pytest.mark.task("lookup")
 def test_a_second_batch_hits_what_the_first_cached():
     llm = LLM(stage=4, block_size=4, max_num_seqs=1, record_trace=True, debug_checks=True)
     first, second = llm.generate([PREFIX + "A", PREFIX + "B"], GREEDY, use_tqdm=False)
@@ -37,6 +38,7 @@ def test_caching_off_computes_everything():
     assert prefill_tokens(llm) == len(a.prompt_token_ids) + len(b.prompt_token_ids)
 
 
+@pytest.mark.task("block-hashing")
 def test_cache_salt_isolates_tenants():
     llm = LLM(stage=4, block_size=4, max_num_seqs=1)
     llm.generate(PREFIX + "A", GREEDY, cache_salt="tenant-a", use_tqdm=False)
@@ -46,6 +48,7 @@ def test_cache_salt_isolates_tenants():
     assert llm.engine.stats.prefix_cache_hits == 44
 
 
+@pytest.mark.task("lookup")
 def test_outputs_do_not_depend_on_hits():
     cold = LLM(stage=4, block_size=4, max_num_seqs=1, enable_prefix_caching=False)
     warm = LLM(stage=4, block_size=4, max_num_seqs=1)
@@ -54,6 +57,7 @@ def test_outputs_do_not_depend_on_hits():
     assert [o.outputs[0].token_ids for o in warm.generate(prompts, GREEDY, use_tqdm=False)] == expected
 
 
+@pytest.mark.task("caching-pool")
 def test_n_and_beams_compose_with_the_cache():
     llm = LLM(stage=4, block_size=4, max_num_seqs=8, debug_checks=True)
     llm.generate(PREFIX + "A", GREEDY, use_tqdm=False)  # warm the cache

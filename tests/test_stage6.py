@@ -15,6 +15,9 @@ pytestmark = pytest.mark.stage6
 PROMPTS = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 32, 3, 8, 4], [2, 7, 18, 28, 18, 28, 4, 5], [44, 2, 44, 2, 44]]
 
 
+@pytest.mark.task("decode-tile")
+@pytest.mark.task("prefill-tile")
+@pytest.mark.task("store")
 @pytest.mark.parametrize(
     "cfg",
     [

@@ -59,6 +59,7 @@ def run_backend(backend_cls, q, k_cache, v_cache, table, seq_lens, q_lens, block
     return backend.forward(0, q, k, v, meta), meta
 
 
+@pytest.mark.task("paged-gather")
 @pytest.mark.parametrize("backend_cls", [PagedAttention, TiledPagedAttention])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 2), (4, 1)])

@@ -57,7 +57,13 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3}
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize(
+    "version",
+    [
+        pytest.param("v1", marks=pytest.mark.task("decode-tile")),
+        pytest.param("v2", marks=[pytest.mark.task("v2-partition"), pytest.mark.task("v2-reduce")]),
+    ],
+)
 def test_paged_decode_matches_torch(block_size, num_heads, num_kv_heads, dtype, version):
     need_triton()
     from pagedlab.attention.triton.decode import paged_decode
@@ -96,6 +102,7 @@ def test_the_launcher_picks_v1_or_v2_as_vllm_does():
     assert not use_v1(max_seq_len=10000, num_reqs=64, num_heads=32, partition_size=512)  # too long for V1
 
 
+@pytest.mark.task("prefill-tile")
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -113,6 +120,7 @@ def test_paged_prefill_over_a_cached_prefix_matches_torch(block_size, num_heads,
     )
 
 
+@pytest.mark.task("store")
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
@@ -131,6 +139,7 @@ def test_store_kv_writes_each_token_at_its_slot(block_size, dtype):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
+@pytest.mark.task("store")
 def test_store_kv_skips_padding_slots():
     need_triton()
     from pagedlab.attention.triton.store import store_kv

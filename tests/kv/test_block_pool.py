@@ -13,6 +13,7 @@ def ids(blocks):
     return [b.block_id for b in blocks]
 
 
+@pytest.mark.task("free-queue")
 def test_queue_pops_from_the_head_and_appends_at_the_tail():
     blocks = [KVCacheBlock(i) for i in range(4)]
     q = FreeKVCacheBlockQueue(blocks)
@@ -22,6 +23,7 @@ def test_queue_pops_from_the_head_and_appends_at_the_tail():
     assert ids(q.get_all_free_blocks()) == [1, 2, 3, 0]
 
 
+@pytest.mark.task("free-queue")
 def test_remove_from_the_middle_keeps_the_links():
     blocks = [KVCacheBlock(i) for i in range(5)]
     q = FreeKVCacheBlockQueue(blocks)
@@ -36,6 +38,7 @@ def test_remove_from_the_middle_keeps_the_links():
         q.popleft()
 
 
+@pytest.mark.task("pool-allocate-free")
 def test_pool_story_allocate_free_reuse():
     # 6 blocks. A takes 2, B takes 3; A frees; C takes 3: the queue hands out 5, then A's blocks.
     pool = BlockPool(6)
@@ -50,6 +53,7 @@ def test_pool_story_allocate_free_reuse():
     pool.check_invariants()
 
 
+@pytest.mark.task("pool-allocate-free")
 def test_a_block_returns_to_the_queue_only_at_ref_cnt_zero():
     pool = BlockPool(3)
     (blk,) = pool.allocate(1)
@@ -62,6 +66,7 @@ def test_a_block_returns_to_the_queue_only_at_ref_cnt_zero():
         pool.free([blk])
 
 
+@pytest.mark.task("pool-allocate-free")
 def test_asking_for_too_many_blocks():
     with pytest.raises(ValueError, match="^Cannot get 4 free blocks from the pool$"):  # vLLM's message
         BlockPool(3).allocate(4)
@@ -100,3 +105,4 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.pytestmark = [pytest.mark.task("free-queue"), pytest.mark.task("pool-allocate-free")]

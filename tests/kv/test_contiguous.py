@@ -6,7 +6,7 @@ from pagedlab import SamplingParams
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.request import Request
 
-pytestmark = pytest.mark.stage1
+pytestmark = [pytest.mark.stage1, pytest.mark.task("contiguous-reservation")]
 
 
 def req(rid: str, prompt_len: int = 3) -> Request:

@@ -8,7 +8,7 @@ from pagedlab import SamplingParams
 from pagedlab.kv.cow import BlockCopy, CowKVCacheManager
 from pagedlab.request import Request
 
-pytestmark = pytest.mark.stage3
+pytestmark = [pytest.mark.stage3, pytest.mark.task("fork-cow")]
 
 
 def req(rid, prompt_len=6):

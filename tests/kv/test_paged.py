@@ -8,7 +8,7 @@ from pagedlab import SamplingParams
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.request import Request
 
-pytestmark = pytest.mark.stage2
+pytestmark = [pytest.mark.stage2, pytest.mark.task("allocate-slots")]
 
 
 def req(rid, prompt_len=5, max_tokens=4):

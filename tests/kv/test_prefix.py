@@ -29,7 +29,7 @@ def free_queue(kv):
     return [b.block_id for b in kv.pool.free_block_queue.get_all_free_blocks()]
 
 
-def test_hashes_chain_through_parents():
+def test_hashes_chain_through_parents():  # hash_block_tokens is given: no task's test
     h0 = hash_block_tokens(NONE, (0, 1, 2, 3))
     h1 = hash_block_tokens(h0, (4, 5, 6, 7))
     assert h1 != hash_block_tokens(NONE, (4, 5, 6, 7)), "the same tokens after another prefix hash differently"
@@ -37,6 +37,7 @@ def test_hashes_chain_through_parents():
     assert make_none_hash(1) != NONE
 
 
+@pytest.mark.task("caching-pool")
 def test_full_blocks_are_cached_kept_after_free_and_hit_later():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a = req("a", range(10))  # blocks: [0 1 2 3] [4 5 6 7] [8 9 _ _]
@@ -55,6 +56,7 @@ def test_full_blocks_are_cached_kept_after_free_and_hit_later():
     kv.check_invariants()
 
 
+@pytest.mark.task("lookup")
 def test_the_lookup_stops_at_the_first_missing_block():
     """A hole in a cached chain ends the hit: block 2's K/V were computed after block 1's tokens, and a block
     table cannot skip a block. (A later block can outlive an earlier one in the cache: a hit on it moves it
@@ -74,6 +76,7 @@ def test_the_lookup_stops_at_the_first_missing_block():
     assert kv.lookup_prefix(b) == 4
 
 
+@pytest.mark.task("lookup")
 def test_a_full_hit_still_leaves_the_last_token_to_compute():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     admit(kv, req("a", range(9)))
@@ -83,6 +86,7 @@ def test_a_full_hit_still_leaves_the_last_token_to_compute():
     assert kv.lookup_prefix(one_more) == 8  # 8 of 9 cached: the last token is computed for its logits
 
 
+@pytest.mark.task("caching-pool")
 def test_eviction_takes_the_tail_of_a_chain_first():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a = req("a", range(10))
@@ -96,6 +100,7 @@ def test_eviction_takes_the_tail_of_a_chain_first():
     kv.check_invariants()
 
 
+@pytest.mark.task("block-hashing")
 def test_salted_requests_do_not_share():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=16, block_size=4, max_model_len=64)
     admit(kv, req("a", range(10), salt="tenant-a"))
@@ -104,6 +109,7 @@ def test_salted_requests_do_not_share():
     assert kv.lookup_prefix(req("d", range(10), salt="tenant-a")) == 8
 
 
+@pytest.mark.task("caching-pool")
 def test_the_same_block_computed_twice_in_one_step_is_cached_once():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a, b = req("a", range(6)), req("b", range(6))
@@ -116,12 +122,15 @@ def test_the_same_block_computed_twice_in_one_step_is_cached_once():
     kv.check_invariants()
 
 
+@pytest.mark.task("lookup")
 def test_disabled_caching_never_hits():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64, enable_caching=False)
     admit(kv, req("a", range(10)))
     assert kv.lookup_prefix(req("b", range(10))) == 0 and not kv.pool.cached_block_hash_to_block
 
 
+@pytest.mark.task("caching-pool")
+@pytest.mark.task("lookup")
 @given(
     programs=st.lists(
         st.tuples(

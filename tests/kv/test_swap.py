@@ -6,7 +6,7 @@ from pagedlab import SamplingParams
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request
 
-pytestmark = pytest.mark.stage5
+pytestmark = [pytest.mark.stage5, pytest.mark.task("swap")]
 
 
 def req(rid, prompt_len=10, first=0):

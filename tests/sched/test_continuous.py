@@ -54,6 +54,7 @@ def step(s, token=7):
     return plan
 
 
+@pytest.mark.task("schedule")
 def test_prefill_is_chunked_by_the_budget_and_mixed_with_decodes():
     s = make(budget=8)
     a, b = req("a", 5, 3), req("b", 10, 3, first=50)
@@ -66,6 +67,7 @@ def test_prefill_is_chunked_by_the_budget_and_mixed_with_decodes():
     assert step(s) == {"a": 1, "b": 1}
 
 
+@pytest.mark.task("schedule")
 def test_long_prefill_threshold_caps_each_chunk():
     s = make(budget=16, threshold=3)
     a = req("a", 8, 2)
@@ -75,6 +77,7 @@ def test_long_prefill_threshold_caps_each_chunk():
     assert step(s) == {"a": 2} and a.output_token_ids == [7]
 
 
+@pytest.mark.task("schedule")
 def test_admission_stops_at_max_num_seqs_and_resumes_as_requests_finish():
     s = make(max_num_seqs=2, budget=64)
     for i, n in enumerate([1, 3, 2]):
@@ -84,6 +87,7 @@ def test_admission_stops_at_max_num_seqs_and_resumes_as_requests_finish():
     assert step(s) == {"r1": 1, "r2": 4}  # r2 takes the seat r0 left, in the same step r1 decodes
 
 
+@pytest.mark.task("preempt")
 def test_recompute_preemption_of_the_newest_request():
     # 5 blocks of 4 slots. a and b each hold 2 blocks after prefill; growing past 8 tokens needs a third.
     s = make(num_kv_blocks=5, budget=64)
@@ -101,6 +105,7 @@ def test_recompute_preemption_of_the_newest_request():
     s.check_invariants()
 
 
+@pytest.mark.task("preempt")
 def test_nobody_is_admitted_in_a_step_that_preempted():
     # As vLLM v1: the blocks a preemption frees are not handed to a waiting request in the same step.
     s = make(num_kv_blocks=5, budget=64, policy="priority")
@@ -117,6 +122,7 @@ def test_nobody_is_admitted_in_a_step_that_preempted():
     assert "c" in step(s)  # admitted in the next step
 
 
+@pytest.mark.task("preempt")
 def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
     s = make(num_kv_blocks=5, max_num_seqs=2, budget=64)
     a, b, c = req("a", 7, 10), req("b", 7, 10, first=40), req("c", 2, 2, first=80)
@@ -129,6 +135,7 @@ def test_a_preempted_request_goes_back_to_the_front_of_the_queue():
     assert [r.request_id for r in s.waiting] == ["b", "c"]  # in front of the request that was already waiting
 
 
+@pytest.mark.task("preempt")
 def test_a_preempted_request_comes_back_through_the_prefix_cache():
     s = make(num_kv_blocks=5, budget=64)
     a, b = req("a", 7, 4), req("b", 7, 10, first=40)
@@ -142,6 +149,8 @@ def test_a_preempted_request_comes_back_through_the_prefix_cache():
     assert s.kv.prefix_cache_hits >= 4  # b's first full block was still cached
 
 
+@pytest.mark.task("preempt")
+@pytest.mark.task("swap")
 def test_swap_preemption_keeps_progress_and_resumes_by_swapping_in():
     s = make(num_kv_blocks=5, budget=64, mode="swap", swap=4)
     a, b = req("a", 7, 4), req("b", 7, 10, first=40)
@@ -161,6 +170,7 @@ def test_swap_preemption_keeps_progress_and_resumes_by_swapping_in():
     s.check_invariants()
 
 
+@pytest.mark.task("preempt")
 def test_a_full_swap_pool_falls_back_to_recompute():
     s = make(num_kv_blocks=5, budget=64, mode="swap", swap=1)  # b's 2 blocks do not fit in 1
     a, b = req("a", 7, 4), req("b", 7, 10, first=40)
@@ -172,6 +182,7 @@ def test_a_full_swap_pool_falls_back_to_recompute():
     assert so.swap_out == [] and b.num_computed_tokens == 0 and not s.kv.is_swapped(b)
 
 
+@pytest.mark.task("preempt")
 def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
     s = make(num_kv_blocks=5, budget=64, policy="priority")
     lax, urgent = req("lax", 7, 10, first=40, priority=5), req("urgent", 7, 10, priority=0, arrival_time=1.0)
@@ -189,6 +200,7 @@ def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
     s.check_invariants()
 
 
+@pytest.mark.task("preempt")
 def test_a_victim_already_scheduled_this_step_gives_its_tokens_back_to_the_budget():
     """Running order lax, urgent, third. lax is given its decode token and the last free block; urgent then
     finds no block, so the least urgent request, lax, is preempted; its token goes back to the budget, where
@@ -206,6 +218,7 @@ def test_a_victim_already_scheduled_this_step_gives_its_tokens_back_to_the_budge
     s.check_invariants()
 
 
+@pytest.mark.task("preempt")
 def test_priority_ties_are_broken_by_arrival_then_request_id():
     # vLLM's Request.__lt__: (priority, arrival_time, request_id).
     s = make(max_num_seqs=1, budget=64, policy="priority")
@@ -215,6 +228,7 @@ def test_priority_ties_are_broken_by_arrival_then_request_id():
     assert [next(iter(step(s))) for _ in range(4)] == ["d", "c", "a", "b"]
 
 
+@pytest.mark.task("preempt")
 def test_an_n_group_is_admitted_and_preempted_as_one_unit():
     s = make(num_kv_blocks=32, budget=64)
     group = [req(f"{i}_g", 6, 4, parent_id="g", child_index=i) for i in range(3)]
@@ -225,6 +239,7 @@ def test_an_n_group_is_admitted_and_preempted_as_one_unit():
     assert {r.request_id for r in victims} == {"0_g", "1_g", "2_g"}
 
 
+@pytest.mark.task("schedule")
 def test_the_priority_policy_picks_the_lowest_value_first():
     s = make(max_num_seqs=1, budget=64, policy="priority")
     s.add_request([req("late-urgent", 3, 1, priority=-1, arrival_time=2.0)])
@@ -233,6 +248,8 @@ def test_the_priority_policy_picks_the_lowest_value_first():
     assert step(s) == {"early-normal": 3}
 
 
+@pytest.mark.task("schedule")
+@pytest.mark.task("preempt")
 @given(
     stream=st.lists(st.tuples(st.integers(1, 14), st.integers(1, 6), st.integers(0, 3)), min_size=1, max_size=12),
     num_kv_blocks=st.integers(6, 20),

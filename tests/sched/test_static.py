@@ -9,7 +9,7 @@ from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.output import ModelRunnerOutput
 from pagedlab.sched.static import StaticScheduler
 
-pytestmark = pytest.mark.stage1
+pytestmark = [pytest.mark.stage1, pytest.mark.task("static-schedule")]
 
 
 def make(max_num_seqs=2, num_kv_blocks=8, max_num_batched_tokens=64):

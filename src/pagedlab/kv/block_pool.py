@@ -51,7 +51,7 @@ class FreeKVCacheBlockQueue:
             left.next_free_block, right.prev_free_block = right, left
 
     # BEGIN SOLUTION
-    # TASK: the free-block queue: O(1) popleft, append and remove through the blocks' own links.
+    # TASK free-queue (20 pts): the free-block queue: O(1) popleft, append and remove through the blocks' own links.
     def popleft(self) -> KVCacheBlock:
         block = self.head.next_free_block
         if block is self.tail:
@@ -114,7 +114,7 @@ class BlockPool:
         return 1 - self.num_free / self.num_blocks
 
     # BEGIN SOLUTION
-    # TASK: allocate blocks from the free queue's head and free them back at ref_cnt 0.
+    # TASK pool-allocate-free (20 pts): allocate blocks from the free queue's head and free them back at ref_cnt 0.
     def allocate(self, n: int) -> list[KVCacheBlock]:
         """Take n blocks from the head of the free queue, each with ref_cnt 1."""
         blocks = self.free_block_queue.popleft_n(n)

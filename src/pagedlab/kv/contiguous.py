@@ -46,7 +46,8 @@ class ContiguousKVCacheManager:
         return cls(config.num_kv_blocks, config.block_size, config.max_model_len)
 
     # BEGIN SOLUTION
-    # TASK: static admission (can_admit) and the contiguous reservation (allocate_slots, free).
+    # TASK contiguous-reservation (50 pts): static admission (can_admit) and the contiguous reservation (allocate_slots,
+    # free).
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
         """Worst case: each request of the group needs a whole region, after the admitted `running`
         requests that have not taken theirs yet."""

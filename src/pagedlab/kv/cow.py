@@ -47,7 +47,8 @@ class CowKVCacheManager(PagedKVCacheManager):
         self.pending_copies: list[BlockCopy] = []  # copy-on-write copies made since the scheduler last took them
 
     # BEGIN SOLUTION
-    # TASK: fork (share every block, ref_cnt + 1) and copy-on-write before writing into a shared block.
+    # TASK fork-cow (35 pts): fork (share every block, ref_cnt + 1) and copy-on-write before writing into a shared
+    # block.
     def fork(self, parent: Request, child: Request) -> None:
         """The child starts with the parent's block table; every block gains one reference."""
         blocks = self.req_to_blocks.get(parent.request_id, [])

@@ -53,7 +53,8 @@ def block_extra_keys(request: Request, block_index: int) -> tuple:
 
 
 # BEGIN SOLUTION
-# TASK: chained block hashing: hash each newly full block with its parent's hash, once, as tokens arrive.
+# TASK block-hashing (25 pts): chained block hashing: hash each newly full block with its parent's hash, once, as tokens
+# arrive.
 def update_block_hashes(request: Request, block_size: int, none_hash: bytes, algo: str = "sha256") -> None:
     """Hash the request's newly full blocks; earlier ones are never hashed again."""
     hashes = request.block_hashes

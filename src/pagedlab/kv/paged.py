@@ -48,7 +48,8 @@ class PagedKVCacheManager:
         return cls(config.num_kv_blocks, config.block_size, config.max_model_len)
 
     # BEGIN SOLUTION
-    # TASK: on-demand allocation: give a request just enough blocks for its next tokens, or None.
+    # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or
+    # None.
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
         blocks = self.req_to_blocks.get(request.request_id)

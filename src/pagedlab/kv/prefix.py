@@ -39,7 +39,8 @@ class CachingBlockPool(BlockPool):
         self.cached_block_hash_to_block: dict = {}  # block_hash -> the block holding that prefix
 
     # BEGIN SOLUTION
-    # TASK: the cache's block pool: register full blocks, touch hits, evict a cached block when it is reused.
+    # TASK caching-pool (35 pts): the cache's block pool: register full blocks, touch hits, evict a cached block when it
+    # is reused.
     def get_cached_block(self, block_hash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
@@ -127,7 +128,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         )
 
     # BEGIN SOLUTION
-    # TASK: lookup: the longest run of cached full blocks, leaving at least the last token to compute.
+    # TASK lookup (40 pts): lookup: the longest run of cached full blocks, leaving at least the last token to compute.
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
         if not self.enable_caching:
             return []

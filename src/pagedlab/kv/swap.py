@@ -75,7 +75,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         return request.request_id in self.swap_pool.held
 
     # BEGIN SOLUTION
-    # TASK: swap a preempted request's blocks out to the CPU pool and back into new GPU blocks.
+    # TASK swap (25 pts): swap a preempted request's blocks out to the CPU pool and back into new GPU blocks.
     def can_swap_out(self, group: list[Request]) -> bool:
         return sum(len(self.req_to_blocks.get(r.request_id, ())) for r in group) <= self.swap_pool.num_free
 

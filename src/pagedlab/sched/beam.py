@@ -80,7 +80,8 @@ class BeamGroup:
         return not self.live
 
     # BEGIN SOLUTION
-    # TASK: one beam-search step: expand, set EOS candidates aside, keep the best, fork or drop the beams.
+    # TASK beam-step (35 pts): one beam-search step: expand, set EOS candidates aside, keep the best, fork or drop the
+    # beams.
     def step(self, top: dict[str, dict[int, float]], max_model_len: int) -> tuple[list, list[Request]]:
         """Expand every live beam; return (forks as (parent, child), beams to free)."""
         candidates = []

@@ -36,7 +36,8 @@ class ContinuousScheduler(Scheduler):
         self._preempted_now = False  # this step preempted someone: admit nobody
 
     # BEGIN SOLUTION
-    # TASK: continuous scheduling: running first under one token budget, preempting when blocks run out,
+    # TASK schedule (40 pts): continuous scheduling: running first under one token budget, preempting when blocks run
+    # out,
     # then waiting groups, never in a step that preempted.
     def schedule(self) -> SchedulerOutput:
         out = self._begin_step()
@@ -140,6 +141,9 @@ class ContinuousScheduler(Scheduler):
         self.running.append(request)
         self._send_table(request, out)
 
+    # BEGIN SOLUTION
+    # TASK preempt (35 pts): choose the victim (FCFS: the newest; priority: the least urgent), preempt its whole
+    # group (swap out if asked and it fits, else recompute), refund tokens it was given this step, admit nobody after.
     def _victim_group(self) -> list[Request]:
         """FCFS: the newest running request's group; priority: the group of the largest (priority, arrival)."""
         if self.config.scheduling_policy == "priority":
@@ -169,3 +173,5 @@ class ContinuousScheduler(Scheduler):
             self.num_preemptions += 1
         self.waiting.add_preempted(group)
         self._preempted_now = True
+
+    # END SOLUTION

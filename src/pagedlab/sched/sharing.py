@@ -47,7 +47,8 @@ class PromptSharing:
             self.waiting_for_fork[group[0].group_id] = group
 
     # BEGIN SOLUTION
-    # TASK: the sharing protocol: followers wait, the leader stops one token short, then they fork from it.
+    # TASK n-sharing (30 pts): the sharing protocol: followers wait, the leader stops one token short, then they fork
+    # from it.
     def target_tokens(self, request: Request) -> int:
         """Followers wait for the fork; the leader computes its prompt but the last token, the part they share."""
         family = self.waiting_for_fork.get(request.group_id) if self.waiting_for_fork else None

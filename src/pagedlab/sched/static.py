@@ -38,7 +38,8 @@ class StaticScheduler(Scheduler):
             )
 
     # BEGIN SOLUTION
-    # TASK: static scheduling: admit a whole batch by worst case when none is running, then feed every request.
+    # TASK static-schedule (50 pts): static scheduling: admit a whole batch by worst case when none is running, then
+    # feed every request.
     def schedule(self) -> SchedulerOutput:
         out = self._begin_step()
         if not self.running:

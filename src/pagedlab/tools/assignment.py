@@ -1,43 +1,47 @@
-"""Course assignments: `pagedlab assignment make N --out DIR` and `pagedlab assignment grade DIR`.
+"""Course assignments: `pagedlab assignment make N --out DIR` writes a student copy of stage N.
 
 Builds on: the `# BEGIN SOLUTION` / `# END SOLUTION` regions marked in src/ (chapters/97-architecture.md, Assignments).
-Read with: chapters/98-assignments.md.
+Read with: chapters/98-assignments.md. Grading is tools/grading.py.
 
-A region belongs to the stage named by its module's docstring ("Stage N: ...").
-In a student copy for stage N, every stage-N region is stubbed; earlier stages
-keep their solutions, so the student builds on working code:
+A region belongs to the stage named by its module's docstring ("Stage N: ..."),
+or by its marker's own `stage N`. Its first line names the task and its points:
 
-    # BEGIN SOLUTION  (marker)               def allocate(self, n):
-    # TASK: allocate blocks ...        ->         \"\"\"docstring kept\"\"\"
-    def allocate(self, n): ...                    raise NotImplementedError("TASK: allocate blocks ...")
-    # END SOLUTION  (marker)
+    # BEGIN SOLUTION                                             (the marker, alone on its line)
+    # TASK free-queue (20 pts): the free-block queue: O(1) popleft, append and remove ...
+    # TASK prefill-tile (30 pts, launcher=paged_prefill): ...      a region inside a @triton.jit body
+    # TASK slot-mapping (20 pts, stage 2): ...                     a stage-2 task in a stage-1 file
+    ...
+    # END SOLUTION                                               (alone on its line)
+
+In a student copy for stage N every stage-N region keeps its markers and its
+task line, and its code becomes a stub; earlier stages keep their solutions, so
+the student builds on working code:
+
+    def allocate(self, n): ...        ->      def allocate(self, n):
+                                                  \"\"\"docstring kept\"\"\"
+                                                  raise NotImplementedError("TASK pool-allocate-free: ...")
 
 A region of whole functions keeps each signature and docstring; a region of
 statements becomes one `raise`. Inside a `@triton.jit` body a stub cannot raise,
-so the region becomes `pass` and the launcher named in `# TASK(launcher=NAME)`
-raises instead (the student removes that line once the kernel is written).
-Grading runs the stage's own tests (`pytest -m stageN`) against the workspace's
-package, checking that the imported pagedlab really is the student's.
+so the region becomes `pass` and the launcher named in `launcher=NAME` raises
+instead (the student removes that line once the kernel is written; the grader
+uses the teacher's launcher whatever the student does to it).
 """
 
 from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
 from pagedlab.config import STAGE_NAMES, parse_stage
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
-_TASK = re.compile(r"#\s*TASK(?:\(launcher=(\w+)\))?:\s*(.*)")
+_TASK = re.compile(r"#\s*TASK\s+([a-z0-9][a-z0-9-]*)\s+\((\d+)\s+pts?((?:,\s*[a-z]+[ =]\w+)*)\):\s*(.*)")
 _STAGE = re.compile(r'"""Stage (\d):')
 NOTEBOOKS = {
     1: "01_contiguous_static",
@@ -59,43 +63,64 @@ CHAPTERS = {
 
 @dataclass
 class Region:
-    """One marked solution region."""
+    """One marked solution region: a task."""
 
     path: Path  # the source file
-    stage: int  # from the module docstring
+    stage: int  # from the marker, else the module docstring
     start: int  # line index of BEGIN (0-based)
     end: int  # line index of END
+    task_id: str  # e.g. "free-queue": tests name it in @pytest.mark.task("free-queue")
+    points: int
     task: str  # the hint
     launcher: str | None  # for a region inside a @triton.jit body: the launcher that raises instead
+    header: int = 1  # lines of the task comment after BEGIN
 
     @property
     def label(self) -> str:
         return f"{self.path.name}:{self.start + 1}"
+
+    def body(self, lines: list[str]) -> list[str]:
+        """The region's code: the lines after its task comment, up to END."""
+        return lines[self.start + 1 + self.header : self.end]
+
+    def indent(self, lines: list[str]) -> str:
+        return lines[self.start][: len(lines[self.start]) - len(lines[self.start].lstrip())]
 
 
 def find_regions(src: Path) -> list[Region]:
     """Every region under `src`; malformed markers are a ValueError naming the file and line."""
     regions = []
     for path in sorted(src.rglob("*.py")):
-        lines = path.read_text().splitlines()
-        stage = _module_stage(path, lines)
-        begin = None
-        for i, line in enumerate(lines):
-            if line.strip() == BEGIN:
-                if begin is not None:
-                    raise ValueError(f"{path}:{i + 1}: nested {BEGIN}")
-                begin = i
-            elif line.strip() == END:
-                if begin is None:
-                    raise ValueError(f"{path}:{i + 1}: {END} without {BEGIN}")
-                regions.append(_region(path, stage, lines, begin, i))
-                begin = None
-        if begin is not None:
-            raise ValueError(f"{path}:{begin + 1}: {BEGIN} without {END}")
+        regions += file_regions(path, path.read_text())
+    seen: dict[str, Region] = {}
+    for r in regions:
+        if r.task_id in seen:
+            raise ValueError(f"{r.path}:{r.start + 2}: task {r.task_id!r} is also at {seen[r.task_id].label}")
+        seen[r.task_id] = r
     return regions
 
 
-def _module_stage(path: Path, lines: list[str]) -> int | None:
+def file_regions(path: Path, text: str) -> list[Region]:
+    """The regions of one file's text (its own markers, in order)."""
+    lines = text.splitlines()
+    stage = _module_stage(lines)
+    regions, begin = [], None
+    for i, line in enumerate(lines):
+        if line.strip() == BEGIN:
+            if begin is not None:
+                raise ValueError(f"{path}:{i + 1}: nested {BEGIN}")
+            begin = i
+        elif line.strip() == END:
+            if begin is None:
+                raise ValueError(f"{path}:{i + 1}: {END} without {BEGIN}")
+            regions.append(_region(path, stage, lines, begin, i))
+            begin = None
+    if begin is not None:
+        raise ValueError(f"{path}:{begin + 1}: {BEGIN} without {END}")
+    return regions
+
+
+def _module_stage(lines: list[str]) -> int | None:
     match = _STAGE.match(lines[0]) if lines else None
     return int(match.group(1)) if match else None
 
@@ -103,40 +128,66 @@ def _module_stage(path: Path, lines: list[str]) -> int | None:
 def _region(path: Path, stage: int | None, lines: list[str], begin: int, end: int) -> Region:
     match = _TASK.match(lines[begin + 1].strip()) if begin + 1 < end else None
     if match is None:
-        raise ValueError(f"{path}:{begin + 2}: a region must start with a '# TASK: ...' line")
+        raise ValueError(f"{path}:{begin + 2}: a region must start with a '# TASK name (P pts): ...' line")
+    task_id, points, options, task = match.groups()
+    opts = dict(re.split(r"[ =]", o.strip(), maxsplit=1) for o in options.split(",")[1:])
+    if set(opts) - {"stage", "launcher"}:
+        raise ValueError(f"{path}:{begin + 2}: unknown option in the task line: {sorted(set(opts))}")
+    stage = int(opts["stage"]) if "stage" in opts else stage
     if stage is None:
         raise ValueError(f"{path}:1: a file with solution regions needs a 'Stage N:' module docstring")
-    task = match.group(2)
+    header = 1
     for line in lines[begin + 2 : end]:  # a hint may continue on further comment lines
         if not line.strip().startswith("#"):
             break
         task += " " + line.strip().lstrip("#").strip()
-    return Region(path, stage, begin, end, task, match.group(1))
+        header += 1
+    return Region(path, stage, begin, end, task_id, int(points), task, opts.get("launcher"), header)
+
+
+def stage_regions(root: Path, number: int) -> list[Region]:
+    return [r for r in find_regions(root / "src" / "pagedlab") if r.stage == number]
 
 
 def stub_source(text: str, regions: list[Region]) -> str:
-    """The file's text with the given regions (all from this file) replaced by stubs."""
+    """The file's text with the given regions (all from this file) replaced by stubs; the markers stay."""
     lines = text.splitlines()
     launchers = {r.launcher for r in regions if r.launcher}
     for region in sorted(regions, key=lambda r: r.start, reverse=True):
-        lines[region.start : region.end + 1] = _stub_lines(lines[region.start : region.end + 1], region)
+        lines[region.start : region.end + 1] = _stub_lines(lines, region)
     out = "\n".join(lines) + "\n"
     for name in launchers:
-        task = next(r.task for r in regions if r.launcher == name)
-        out = _raise_in_function(out, name, f"TASK: {task} (kernel stubbed: write it, then delete this line)")
+        r = next(r for r in regions if r.launcher == name)
+        out = _raise_in_function(
+            out, name, f"TASK {r.task_id}: {r.task} (kernel stubbed: write it, then delete this line)"
+        )
     return out
 
 
-def _stub_lines(block: list[str], region: Region) -> list[str]:
-    indent = block[0][: len(block[0]) - len(block[0].lstrip())]
-    hint = f"TASK: {region.task}"
-    body = textwrap.dedent("\n".join(block[1:-1]))
+def stub_body(lines: list[str], region: Region) -> list[str]:
+    """What a region's code becomes in the student's copy (also what the grader runs for a refused task)."""
+    indent = region.indent(lines)
+    hint = f"TASK {region.task_id}: {region.task}"
+    body = textwrap.dedent("\n".join(region.body(lines)))
     if region.launcher:
-        return [f"{indent}# {hint}", f"{indent}pass"]
+        return [f"{indent}pass"]
     tree = ast.parse(body)
     if all(isinstance(node, ast.FunctionDef) for node in tree.body):
-        return [f"{indent}# {hint}", *_stub_functions(body, tree, indent, hint)]
-    return [f"{indent}# {hint}", f"{indent}raise NotImplementedError({hint!r})"]
+        return _stub_functions(body, tree, indent, hint)
+    return [f"{indent}raise NotImplementedError({hint!r})"]
+
+
+def whole_functions(lines: list[str], region: Region) -> list[str] | None:
+    """The functions a region of whole functions defines; None for a region of statements."""
+    tree = ast.parse(textwrap.dedent("\n".join(region.body(lines))))
+    if tree.body and all(isinstance(node, ast.FunctionDef) for node in tree.body):
+        return [node.name for node in tree.body]
+    return None
+
+
+def _stub_lines(lines: list[str], region: Region) -> list[str]:
+    head = lines[region.start : region.start + 1 + region.header]
+    return [*head, *stub_body(lines, region), lines[region.end]]
 
 
 def _stub_functions(body: str, tree: ast.Module, indent: str, hint: str) -> list[str]:
@@ -180,21 +231,28 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
 
     `with_solutions` keeps the regions (a teacher's copy, for checking that grading gives full marks).
     """
+    from pagedlab.tools import grading
+
     number, out, root = parse_stage(stage), Path(out), repo_root()
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out: {out} exists and is not empty")
-    regions = [r for r in find_regions(root / "src" / "pagedlab") if r.stage == number]
+    regions = stage_regions(root, number)
     if not regions:
         raise ValueError(f"stage: stage {number} has no solution regions")
+    tests_of = grading.collect_tasks(number)
     shutil.copytree(root / "src", out / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(root / "tests", out / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "tests", out / "tests", ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, out / name)
     for path in set() if with_solutions else {r.path for r in regions}:
         target = out / path.relative_to(root)
         target.write_text(stub_source(path.read_text(), [r for r in regions if r.path == path]))
     _copy_reading(root, out, number)
-    tasks = [{"file": str(r.path.relative_to(root)), "line": r.start + 1, "task": r.task} for r in regions]
+    tasks = [
+        {"id": r.task_id, "points": r.points, "file": str(r.path.relative_to(root)), "line": r.start + 1,
+         "task": r.task, "launcher": r.launcher, "tests": tests_of[r.task_id]}
+        for r in regions
+    ]  # fmt: skip
     (out / "assignment.json").write_text(
         json.dumps({"stage": number, "name": STAGE_NAMES[number], "tasks": tasks}, indent=2) + "\n"
     )
@@ -214,120 +272,54 @@ def _copy_reading(root: Path, out: Path, number: int) -> None:
 
 
 def handout(number: int, tasks: list[dict], root: Path) -> str:
-    """The student's README: what to implement, where, how to test, and the chapter's exercises."""
+    """The student's README: the tasks and their points, where they are, the tests that grade each, the rules."""
+    total = sum(t["points"] for t in tasks)
+    files = sorted({test.split("::")[0] for t in tasks for test in t["tests"]})
     lines = [
-        f"# pagedlab assignment: stage {number} ({STAGE_NAMES[number]})",
+        f"# pagedlab assignment: stage {number} ({STAGE_NAMES[number]}), {total} points",
         "",
-        f"Read `chapters/{CHAPTERS[number]}.md` first. Implement every stub below: each raises",
-        "`NotImplementedError` with its task until you replace it. Earlier stages are complete.",
+        f"Read `chapters/{CHAPTERS[number]}.md` first. Each task below is a region between `# BEGIN SOLUTION`",
+        "and `# END SOLUTION` whose code is a stub that raises `NotImplementedError` (inside a Triton kernel:",
+        "`pass`, and its launcher raises; delete that line once the kernel is written). Earlier stages are complete.",
         "",
-        "| file | line | task |",
-        "|---|---|---|",
+        "| task | points | file | line | what to write | graded by |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += [f"| `{t['file']}` | {t['line']} | {t['task']} |" for t in tasks]
+    lines += [
+        f"| `{t['id']}` | {t['points']} | `{t['file']}` | {t['line']} | {t['task']} | {len(t['tests'])} tests |"
+        for t in tasks
+    ]
     lines += [
         "",
-        "Run the grading tests yourself:",
+        "## How it is graded",
+        "",
+        "Only the code between each region's markers is taken from your copy; it is put into the teacher's",
+        "own copy of pagedlab and run against the teacher's tests (perhaps with hidden ones), so changes",
+        "elsewhere (other files, the tests, `assignment.json`) are ignored. A task's points are split evenly",
+        "over its tests. Before anything runs, each region is screened: it may use the names its file already",
+        "has, its own local names, and plain builtins (`len`, `range`, `min`, `sorted`, ...); it may not",
+        "import, use `exec`/`eval`/`open`/`getattr`, or touch `sys`, `os` or dunder attributes. A refused region",
+        "scores zero for its task, with the reason. Each test has a time limit.",
+        "",
+        "Run the graded tests yourself:",
         "",
         "```bash",
-        f"PYTHONPATH=src python -m pytest -q -m stage{number} tests",
+        f"PYTHONPATH=src python -m pytest -q -m 'stage{number} and task' {' '.join(files)}",
         "```",
         "",
-        "and, from the same environment, `pagedlab assignment grade .` for the score.",
+        "and see your score as the grader computes it (the same screening, the same points):",
+        "",
+        "```bash",
+        f"PYTHONPATH=src python -m pagedlab assignment grade . --stage {number}",
+        "```",
+        "",
+        "## The tests of each task",
+        "",
     ]
+    for t in tasks:
+        lines += [f"**`{t['id']}`** ({t['points']} points over {len(t['tests'])} tests):", ""]
+        lines += [f"- `{test}`" for test in t["tests"]] + [""]
     chapter = root / "chapters" / f"{CHAPTERS[number]}.md"
     if chapter.exists() and "## Exercises" in chapter.read_text():
-        lines += ["", "## Exercises (from the chapter)", "", chapter.read_text().split("## Exercises", 1)[1].strip()]
+        lines += ["## Exercises (from the chapter)", "", chapter.read_text().split("## Exercises", 1)[1].strip()]
     return "\n".join(lines) + "\n"
-
-
-# Points per passing test, by test file (a test group); files not listed give 1 point per test.
-POINTS_PER_TEST = {"test_equivalence.py": 3, "test_stage3.py": 2, "test_stage4.py": 2, "test_stage6.py": 3}
-
-
-def grade(workspace: str | Path, extra_tests: str | Path | None = None, pytest_args: list[str] = ()) -> dict:
-    """Run the stage's tests against the workspace's own package; Gradescope-shaped results."""
-    ws = Path(workspace).resolve()
-    try:
-        number = int(json.loads((ws / "assignment.json").read_text())["stage"])
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{ws / 'assignment.json'}: not an assignment workspace ({e})") from None
-    env = _grading_env(ws)
-    _check_student_package(ws, env)
-    cases = _run_pytest(ws, env, ["-m", f"stage{number}", str(ws / "tests"), *pytest_args])
-    if extra_tests is not None:
-        cases += _run_pytest(ws, env, [str(Path(extra_tests).resolve()), *pytest_args])
-    tests = _score_groups(cases)
-    score, max_score = sum(t["score"] for t in tests), sum(t["max_score"] for t in tests)
-    return {"score": score, "max_score": max_score, "stage": number, "tests": tests}
-
-
-def _grading_env(ws: Path) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ws / "src"), str(ws)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
-def _check_student_package(ws: Path, env: dict) -> None:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import pagedlab; print(pagedlab.__file__)"],
-        env=env,
-        cwd=ws,
-        capture_output=True,
-        text=True,
-    )
-    found = Path(probe.stdout.strip() or "?").resolve()
-    if probe.returncode != 0 or (ws / "src") not in found.parents:
-        raise ValueError(
-            f"grade: the imported pagedlab is {found}, not the workspace's {ws / 'src'} ({probe.stderr.strip()[-200:]})"
-        )
-
-
-def _run_pytest(ws: Path, env: dict, args: list[str]) -> list[dict]:
-    """Run pytest; return one dict per test case: group (file), name, passed, output."""
-    report = ws / ".grading-junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args]
-    subprocess.run(cmd, env=env, cwd=ws, capture_output=True, text=True)
-    if not report.exists():
-        return []
-    cases = []
-    for case in ET.parse(report).getroot().iter("testcase"):
-        problems = [c for c in case if c.tag in ("failure", "error", "skipped")]
-        text = "\n".join((c.get("message") or "")[:600] + "\n" + (c.text or "")[-1200:] for c in problems)
-        group = (case.get("file") or case.get("classname", "").replace(".", "/") + ".py").split("/")[-1]
-        cases.append({"group": group, "name": case.get("name"), "passed": not problems, "output": text})
-    report.unlink()
-    return cases
-
-
-def _score_groups(cases: list[dict]) -> list[dict]:
-    groups: dict[str, list[dict]] = {}
-    for case in cases:
-        groups.setdefault(case["group"], []).append(case)
-    tests = []
-    for group, members in sorted(groups.items()):
-        points = POINTS_PER_TEST.get(group, 1)
-        failed = [m for m in members if not m["passed"]]
-        output = "\n".join(f"FAILED {m['name']}: {m['output'].strip()[:400]}" for m in failed[:5])
-        tests.append(
-            {
-                "name": group,
-                "score": points * (len(members) - len(failed)),
-                "max_score": points * len(members),
-                "output": output or f"{len(members)} passed",
-            }
-        )
-    return tests
-
-
-def print_grades(result: dict, out=sys.stderr) -> None:
-    """A table of groups, their weight (points per test) and scores."""
-    print(
-        f"stage {result['stage']} ({STAGE_NAMES[result['stage']]}): {result['score']} / {result['max_score']}", file=out
-    )
-    print(f"{'test group':32} {'pts/test':>8} {'score':>12}", file=out)
-    for t in result["tests"]:
-        per = POINTS_PER_TEST.get(t["name"], 1)
-        print(f"{t['name']:32} {per:>8} {t['score']:>5} / {t['max_score']:<5}", file=out)
-        if t["score"] < t["max_score"]:
-            print(textwrap.indent(t["output"][:800], "    "), file=out)

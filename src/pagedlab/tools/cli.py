@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -275,31 +276,76 @@ def _add_generate(sub) -> None:
 def _cmd_assignment(args: argparse.Namespace) -> int:
     import json
 
-    from pagedlab.tools import assignment
+    from pagedlab.tools import assignment, grading
 
     if args.action == "make":
         out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)
         tasks = json.loads((out / "assignment.json").read_text())["tasks"]
         print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
         return 0
-    result = assignment.grade(args.dir, extra_tests=args.extra_tests)
-    assignment.print_grades(result)
-    if args.json:
-        print(json.dumps({"score": result["score"], "max_score": result["max_score"], "tests": result["tests"]}))
-    return 0 if result["score"] == result["max_score"] else 1
+    if args.action == "check":
+        rows = grading.check_stages([int(n) for n in args.stages] or range(1, 7))
+        print(grading.check_table(rows))
+        return 0 if all(r["reference"] == r["max_score"] and r["untouched"] <= r["max_score"] / 10 for r in rows) else 1
+    if args.action == "gradescope":
+        for path in grading.write_gradescope(args.stage, args.out):
+            print(f"wrote {path}")
+        return 0
+    try:
+        result = grading.grade(
+            args.dir,
+            args.stage,
+            extra_tests=args.extra_tests,
+            per_test_timeout=args.timeout,
+            total_timeout=args.total_timeout,
+        )
+    except Exception as e:  # Gradescope needs its JSON even when grading itself fails
+        if args.json is None:
+            raise
+        result = grading.failed_grading(f"{type(e).__name__}: {e}")
+    if args.json is not None:
+        text = json.dumps(grading.gradescope_json(result), indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    grading.print_grades(result)
+    return 0 if result["tests"] and result["score"] == result["max_score"] else 1
 
 
 def _add_assignment(sub) -> None:
-    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, or grade one")
+    from pagedlab.tools.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
+
+    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one")
     actions = a.add_subparsers(dest="action", required=True)
-    make = actions.add_parser("make", help="write a student workspace with stage N's heart removed")
+    make = actions.add_parser("make", help="write a student workspace with stage N's tasks stubbed")
     make.add_argument("stage", help="stage number or name")
     make.add_argument("--out", required=True, help="new or empty folder")
     make.add_argument("--with-solutions", action="store_true", help="a teacher's copy: nothing removed")
-    grade = actions.add_parser("grade", help="run the stage's tests on a workspace and score them")
-    grade.add_argument("dir", help="a folder written by `assignment make`")
-    grade.add_argument("--json", action="store_true", help="print Gradescope's results.json to stdout")
-    grade.add_argument("--extra-tests", default=None, help="a folder of hidden tests to run as well")
+    grade = actions.add_parser(
+        "grade",
+        help="grade a workspace: its task regions spliced into the reference, the teacher's tests, isolated",
+    )
+    grade.add_argument("dir", help="a folder written by `assignment make` (nothing in it is trusted)")
+    grade.add_argument("--stage", required=True, help="the stage to grade it as (the teacher's word, not the folder's)")
+    grade.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        help="write Gradescope's results.json to FILE (stdout without one), even if grading fails",
+    )
+    grade.add_argument("--extra-tests", default=None, help="a folder of hidden tests (tagged with tasks) to run too")
+    grade.add_argument("--timeout", type=float, default=PER_TEST_TIMEOUT, help="seconds per test")
+    grade.add_argument("--total-timeout", type=float, default=TOTAL_TIMEOUT, help="seconds for the whole grading")
+    check = actions.add_parser(
+        "check", help="grade an untouched copy and the reference of each stage: <= 10 %% and 100 %%, and how long"
+    )
+    check.add_argument("stages", nargs="*", help="stage numbers (default: all)")
+    gs = actions.add_parser("gradescope", help="write an autograder's setup.sh and run_autograder for stage N")
+    gs.add_argument("stage", help="stage number or name")
+    gs.add_argument("--out", required=True, help="new or empty folder")
     a.set_defaults(func=_cmd_assignment)
 
 

@@ -130,10 +130,16 @@ class ModelRunner:
         sampling = [r for r, s in zip(so.scheduled, samples) if s]
         return torch.tensor(ids, device=dev), torch.from_numpy(positions).to(dev), meta, sample_idx, sampling
 
+    # BEGIN SOLUTION
+    # TASK slot-mapping (20 pts, stage 2): the cache slot of every new token, through its request's block table.
     def slot_mapping(self, block_table: np.ndarray, req_idx: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """slot = block_table[pos // block_size] * block_size + pos % block_size, for every new token."""
+        """slot = block_table[pos // block_size] * block_size + pos % block_size, for every new token.
+
+        block_table [B, nb] int32; req_idx [T]: the row of each token's request; positions [T]. Returns [T] int64."""
         bs = self.config.block_size
         return block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
+
+    # END SOLUTION
 
     def _sample(self, logits: torch.Tensor, requests) -> ModelRunnerOutput:
         if not requests:  # e.g. a prefill chunk that does not reach the end of its prompt

@@ -69,7 +69,8 @@ def _attend_range(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for tile in range(start, end, BLOCK_N):
         # BEGIN SOLUTION
-        # TASK(launcher=paged_decode): the online-softmax update over one tile of the paged context.
+        # TASK decode-tile (30 pts, launcher=paged_decode): the online-softmax update over one tile of the paged
+        # context.
         offs_n = tile + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         block = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -181,6 +182,9 @@ def paged_decode_v2_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     stat = (i * tl.num_programs(1) + h) * num_partitions + part  # index into [B, H, P]
     if start < seq_len:  # partitions past the end write nothing; the reduce skips them
+        # BEGIN SOLUTION
+        # TASK v2-partition (10 pts, launcher=paged_decode): one V2 partition: attend over its slice of the context
+        # and store its (max, sum, normalized output) for the reduce.
         q = tl.load(q_ptr + t * stride_qt + h * stride_qh + offs_d, mask=offs_d < HEAD_DIM, other=0.0)
         end = tl.minimum(start + PARTITION_SIZE, seq_len)
         m_i, l_i, acc = _attend_range(
@@ -205,6 +209,7 @@ def paged_decode_v2_kernel(
         tl.store(max_ptr + stat, m_i)
         tl.store(sum_ptr + stat, l_i)
         tl.store(tmp_out_ptr + stat * BLOCK_D + offs_d, acc / l_i)
+        # END SOLUTION
 
 
 @triton.jit
@@ -230,7 +235,8 @@ def paged_decode_reduce_kernel(
     t = tl.load(q_index_ptr + i)
     used = tl.cdiv(tl.load(seq_lens_ptr + b), PARTITION_SIZE)  # partitions that hold context
     # BEGIN SOLUTION
-    # TASK(launcher=paged_decode): merge the partitions' (max, sum, output) into one softmax (V2 reduce).
+    # TASK v2-reduce (15 pts, launcher=paged_decode): merge the partitions' (max, sum, output) into one softmax (V2
+    # reduce).
     offs_p = tl.arange(0, BLOCK_P)
     mask_p = offs_p < used
     base = (i * tl.num_programs(1) + h) * num_partitions

@@ -80,6 +80,9 @@ def paged_prefill_kernel(
         last = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)  # keys past the tile are masked
         # Phase 2: walk the paged context through the block table, one BLOCK_N tile at a time.
         for start in range(0, last, BLOCK_N):
+            # BEGIN SOLUTION
+            # TASK prefill-tile (30 pts, launcher=paged_prefill): one tile of keys for a tile of queries: gather K/V
+            # through the block table, mask causally, and update each query row's online softmax.
             offs_n = start + tl.arange(0, BLOCK_N)
             mask_n = offs_n < last
             block = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=mask_n, other=0)
@@ -98,6 +101,7 @@ def paged_prefill_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
             m_i = m_new
+            # END SOLUTION
         # Phase 4: normalize and write this tile's rows.
         out = acc / l_i[:, None]
         o_rows = (q_start + offs_m) * stride_ot + h * stride_oh

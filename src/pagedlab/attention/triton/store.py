@@ -48,6 +48,8 @@ def store_kv_kernel(
     h = tl.program_id(1)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     if slot >= 0:  # padding tokens carry slot -1
+        # BEGIN SOLUTION
+        # TASK store (15 pts, launcher=store_kv): write token t's K and V for head h into its slot of the caches.
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
         offs_d = tl.arange(0, BLOCK_D)
@@ -57,6 +59,7 @@ def store_kv_kernel(
         dst = block * stride_cache_block + offset * stride_cache_tok + h * stride_cache_head + offs_d
         tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask_d)
         tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask_d)
+        # END SOLUTION
 
 
 def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
