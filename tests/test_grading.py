@@ -105,6 +105,14 @@ def test_screening_refuses_each_way_out(body, why):
     assert reasons and any(why in r for r in reasons), reasons
 
 
+def test_the_safe_builtins_are_builtins_and_none_is_forbidden():
+    import builtins
+
+    from pagedlab.tools.screening import FORBIDDEN_NAMES, SAFE_BUILTINS
+
+    assert all(hasattr(builtins, name) for name in SAFE_BUILTINS) and not SAFE_BUILTINS & FORBIDDEN_NAMES
+
+
 def test_screening_refuses_code_outside_the_region_and_a_missing_function():
     assert "indented less than the region" in screen("    x = 1\ny = 2", "    ", FILE)[0]
     assert "does not parse" in screen("    x = (1,", "    ", FILE)[0]

@@ -26,7 +26,6 @@ The grader then splices the body into the teacher's file; a refused task scores 
 from __future__ import annotations
 
 import ast
-import builtins
 import textwrap
 
 # Builtins a body may call: data structures, arithmetic, iteration and the exceptions solutions raise.
@@ -156,5 +155,3 @@ def _bound_names(tree: ast.AST) -> set[str]:
             names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
     return names
 
-
-assert not SAFE_BUILTINS & FORBIDDEN_NAMES and all(hasattr(builtins, n) for n in SAFE_BUILTINS)
