@@ -4,7 +4,7 @@
 # pyproject.toml changes:
 #   .stamp-torch    torch, from the index that fits this machine (.ci/install-torch; once per venv)
 #   .stamp-runtime  + the package and its dependencies         (demo, generate, figures, train-tiny)
-#   .stamp-dev      + the dev extra: pytest, transformers, ... (setup, test, test-fast, lint, strip-notebooks)
+#   .stamp-dev      + the dev extra: pytest, transformers, ... (setup, test, test-fast, lint, strip-notebooks, book)
 #   .stamp-lab      + the lab extra: JupyterLab, Triton        (lab)
 #   .stamp-real     + the real extra: gguf                     (smollm2, chat; then `pagedlab fetch smollm2`)
 # TORCH_INDEX (empty: .ci/install-torch decides) and TORCH_VERSION count only when the venv is new.
@@ -17,7 +17,7 @@ export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab smollm2 chat generate test test-fast lint figures train-tiny strip-notebooks clean
+.PHONY: setup demo lab smollm2 chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -77,6 +77,12 @@ lint: $(VENV)/.stamp-dev
 
 strip-notebooks: $(VENV)/.stamp-dev
 	$(PY) -m nbstripout notebooks/*.ipynb
+
+book: $(VENV)/.stamp-dev smollm2  ## README, chapters and executed notebooks as one HTML site: build/book/index.html
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pagedlab.tools.book --out build/book
+
+check-vllm-refs: $(VENV)/.stamp-runtime  ## maintainers: every vLLM file and symbol cited exists at its pinned tag (downloads 55 MiB)
+	$(PY) -m pagedlab.tools.vllm_refs
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -89,10 +89,9 @@ STAGES: dict[int, StagePreset] = {
         PagedAttention,
         "What do n>1 sampling and beam search cost with sharing?",
         (
-            "vllm/core/block_manager.py (v0: fork, copy-on-write)",
-            "vllm/core/block/cpu_gpu_block_allocator.py",
-            "vllm/beam_search.py",
-            "LLM.beam_search in vllm/entrypoints/llm.py",
+            "vllm/core/block_manager.py (v0.10.2: fork, copy-on-write)",
+            "vllm/core/block/cpu_gpu_block_allocator.py (v0.10.2)",
+            "BeamSearchOfflineMixin.beam_search in vllm/entrypoints/generate/beam_search/offline.py",
         ),
     ),
     4: StagePreset(
@@ -136,9 +135,10 @@ STAGES: dict[int, StagePreset] = {
         TiledPagedAttention,  # the fallback where Triton cannot run; "triton" is attention/triton/backend.py
         "Parity, and speed on a GPU?",
         (
-            "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2)",
+            "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2, v0.10.2)",
             "csrc/cache_kernels.cu (reshape_and_cache)",
-            "vllm/attention/ops/paged_attn.py, vllm/attention/ops/prefix_prefill.py",
+            "vllm/attention/ops/paged_attn.py (v0.10.2)",
+            "vllm/v1/attention/ops/prefix_prefill.py",
         ),
         uses=CONTINUOUS_FIELDS,
         defaults={"enable_prefix_caching": True},

@@ -15,8 +15,8 @@ Only the block that receives a request's first new token can be shared and
 partly filled: after a fork, tables cover exactly the computed tokens. Each
 copy is a `BlockCopy` (whose table, which entry, from, to); the copies travel
 in the scheduler output, and the runner applies them to every layer before the
-forward pass and to its own copy of the table. vLLM v0: vllm/core/block_manager.py,
-vllm/core/block/cpu_gpu_block_allocator.py (copy-on-write), vllm/core/block/naive_block.py.
+forward pass and to its own copy of the table. vLLM v0 (read it at v0.10.2): vllm/core/block_manager.py,
+vllm/core/block/cpu_gpu_block_allocator.py (copy-on-write), vllm/core/block/naive_block.py (all v0.10.2).
 """
 
 from __future__ import annotations

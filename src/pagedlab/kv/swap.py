@@ -18,7 +18,7 @@ Decisions (vLLM v0 made similar ones):
 - prefix-cached blocks stay cached on the GPU when the victim lets go of them;
   after swap-in its full blocks are offered to the cache again (duplicates are ignored);
 - if the CPU pool cannot hold the whole victim, the scheduler falls back to recompute.
-vLLM: vllm/core/scheduler.py (_preempt_by_swap) and vllm/core/block_manager.py (swap_out, swap_in), both v0;
+vLLM v0.10.2: vllm/core/scheduler.py (_preempt_by_swap), vllm/core/block_manager.py (swap_out, swap_in);
 vLLM v1 dropped swapping (see chapters/05-continuous-batching.md).
 """
 

@@ -9,7 +9,7 @@ tokenizer_config.json. Rendering it is how `LLM.chat` turns messages into the pr
 sees, so the engine itself never knows about roles. The template comes with the model, that is, from
 whoever published it: it is rendered in jinja2's immutable sandbox, which refuses attribute access
 to Python internals and any mutation of the objects passed in, as transformers does
-(transformers/utils/chat_template_utils.py) and vLLM after it (vllm/entrypoints/chat_utils.py, v0.11.0).
+(transformers/utils/chat_template_utils.py) and vLLM after it (vllm/renderers/chat_utils/chat_template.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Two things are not a plain copy:
 - The tokenizer is rebuilt from the vocabulary and merges (a byte-level BPE) with the pre-tokenizer
   llama.cpp names in `tokenizer.ggml.pre`.
 
-vLLM reads GGUF too (vllm/model_executor/model_loader/gguf_loader.py, v0.11.0), keeping the
+vLLM read GGUF too (vllm/model_executor/model_loader/gguf_loader.py, v0.10.2; gone by 0.33), keeping the
 quantized blocks and dequantizing inside its kernels; this file trades that memory for simplicity.
 """
 

@@ -13,8 +13,9 @@ chosen, it is dropped and its blocks freed:
     step t:   b0 -> (b0,"a") (b0,"e")      b1 -> (b1,"o")      b2 -> nothing kept
     step t+1: b0 continues with "a", fork b3 = b0 + "e", b1 + "o", b2 freed
 
-Same rules as `oracle.beam_search`, which checks it. vLLM: vllm/beam_search.py,
-LLM.beam_search in vllm/entrypoints/llm.py (v0 ran beams in the block manager).
+Same rules as `oracle.beam_search`, which checks it. vLLM: BeamSearchOfflineMixin.beam_search in
+vllm/entrypoints/generate/beam_search/offline.py;
+in v0.10.2 vllm/beam_search.py, whose v0 engine ran beams in the block manager.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Beam searches (as vLLM v0 ran them, on top of fork and copy-on-write) are
 stepped here too: `split_beams` takes the beams' top logprobs out of a step's
 samples, `step_beams` lets each search choose (sched/beam.py), and the
 scheduler forks the new beams and frees the dropped ones.
-vLLM v0: vllm/core/scheduler.py, vllm/core/block_manager.py (fork); v1 runs n > 1 as separate requests.
+vLLM v0.10.2: vllm/core/scheduler.py, vllm/core/block_manager.py (fork); v1 runs n > 1 as separate requests.
 """
 
 from __future__ import annotations

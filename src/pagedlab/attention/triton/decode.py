@@ -26,8 +26,9 @@ partition writes its (m, l, acc / l) and a reduce program merges them:
 
 Shapes: B decode requests, H query heads, KVH KV heads, D head dim; grouped-query
 attention maps query head h to KV head h // (H / KVH).
-vLLM: csrc/attention/attention_kernels.cuh (paged_attention_v1/v2 kernels and the
-reduce kernel), vllm/attention/ops/paged_attn.py (the V1/V2 choice).
+vLLM v0.10.2 (the last release that ships them): csrc/attention/attention_kernels.cuh (v0.10.2)
+(paged_attention_v1/v2 kernels and the reduce kernel), vllm/attention/ops/paged_attn.py (v0.10.2: the
+V1/V2 choice). Today's vLLM reads the paged cache in FlashAttention / vllm/v1/attention/backends/ kernels.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ already written by store_kv. One kernel serves every such step:
         out[rows] = acc / l
 
 Shapes: Q [BLOCK_M, D] tiles of q [T, H, D]; caches [num_blocks, block_size, KVH, D].
-vLLM: vllm/attention/ops/prefix_prefill.py (context_attention_fwd), and the
-FlashAttention varlen kernel with a block table that vLLM v1 uses on GPUs.
+vLLM: vllm/v1/attention/ops/prefix_prefill.py (context_attention_fwd; one folder up in older releases),
+and the FlashAttention varlen kernel with a block table that vLLM v1 uses on GPUs.
 """
 
 from __future__ import annotations

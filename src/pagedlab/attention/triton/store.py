@@ -15,7 +15,7 @@ Pseudo-code, one program per (token t, KV head h):
     v_cache[block, offset, h, :] = v[t, h, :]
 
 Shapes: T new tokens, KVH key/value heads, D head dim; caches [num_blocks, block_size, KVH, D].
-vLLM: csrc/cache_kernels.cu (reshape_and_cache), vllm/attention/ops/ (triton_reshape_and_cache_flash).
+vLLM: csrc/cache_kernels.cu (reshape_and_cache), vllm/v1/attention/ops/triton_reshape_and_cache_flash.py.
 """
 
 from __future__ import annotations
