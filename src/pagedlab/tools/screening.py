@@ -154,4 +154,3 @@ def _bound_names(tree: ast.AST) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
     return names
-
