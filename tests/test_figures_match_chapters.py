@@ -37,6 +37,15 @@ DESIGN_FIELDS = {  # chapters/97-architecture.md (Benchmarks): every row has the
     "prefix": ("workload", "caching", "stage", "num_requests", "prompt_tokens", "computed_prefill_tokens"),
     "throughput": ("system", "workload", "num_requests", "num_kv_blocks", "tokens_per_s", "normalized_latency_s"),
     "real": ("system", "tokens_per_s", "ttft_s", "num_requests", "threads"),
+    "serve": (
+        "system",
+        "request_rate",
+        "num_requests",
+        "tokens_per_s",
+        "normalized_latency_s",
+        "ttft_p50_s",
+        "itl_p50_s",
+    ),
 }
 STALE = "figures/{0}.json changed since the chapter quoted it (`git checkout figures/` restores it)"
 
@@ -130,7 +139,7 @@ def test_pagedlab_figures_redraws_the_bench_figures_from_the_json_in_its_out_fol
         main(["figures", "--out", str(tmp_path / "elsewhere")])
     captured = capsys.readouterr()
     assert exit_info.value.code == 0 and captured.out == ""
-    assert "02_memory.json, 03_sharing.json, 04_prefix.json, 05_throughput.json, 07_real.json not in" in captured.err
+    assert ", ".join(f"{s}.json" for s in BENCH_FIGURES.values()) + " not in" in captured.err
 
 
 def test_rerun_runs_each_bench_that_draws_a_committed_figure_into_the_out_folder(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from pagedlab.bench.memory import run_memory
 from pagedlab.bench.prefix import run_prefix
 from pagedlab.bench.real import run_real
 from pagedlab.bench.scheduler import run_scheduler
+from pagedlab.bench.serve import run_serve
 from pagedlab.bench.sharing import run_sharing
 from pagedlab.bench.throughput import run_throughput
 from pagedlab.errors import InvariantError
@@ -37,6 +38,7 @@ BENCHES: dict[str, Callable[..., dict]] = {
     "scheduler": run_scheduler,  # microseconds per schedule() + update() as the running batch grows
     "kernel": run_kernel,  # stage-6 Triton kernels vs torch: parity on CPU (interpreter); latency, bandwidth on GPU
     "real": run_real,  # SmolLM2-135M-Instruct on CPU: pagedlab vs transformers' generate and generate_batch
+    "serve": run_serve,  # Figure 12 at our scale: pagedlab serve under Poisson load, continuous vs static
 }
 
 

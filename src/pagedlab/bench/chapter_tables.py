@@ -186,10 +186,38 @@ def real_systems(rows: list[dict]) -> str:
 
 
 # figure stem -> table name -> rows -> the Markdown table a chapter quotes
+def serve_rates(rows: list[dict]) -> str:
+    """One line per (rate, system): throughput, normalized latency, TTFT and ITL percentiles."""
+    out = []
+    for r in sorted(rows, key=lambda r: (r["request_rate"], r["system"] != "static")):
+        latency = f"{r['normalized_latency_s'] * 1e3:.1f} ms"
+        ttft = f"{r['ttft_p50_s'] * 1e3:.0f} / {r['ttft_p99_s'] * 1e3:.0f} ms"
+        itl = f"{r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} ms"
+        out.append([f"{r['request_rate']:g}", r["system"], f"{r['tokens_per_s']:.0f}", latency, ttft, itl])
+    header = ["requests/s", "system", "tokens/s", "normalized latency", "TTFT p50 / p99", "ITL p50 / p99"]
+    return markdown(header, out)
+
+
+def serve_ratios(rows: list[dict]) -> str:
+    """Continuous ÷ static at each rate: tokens/s, and static ÷ continuous normalized latency and TTFT p50."""
+    by = {(r["system"], r["request_rate"]): r for r in rows}
+    out = []
+    for rate in sorted({r["request_rate"] for r in rows}):
+        s, c = by[("static", rate)], by[("continuous", rate)]
+        out.append([
+            f"{rate:g}", times(c["tokens_per_s"] / s["tokens_per_s"]),
+            times(s["normalized_latency_s"] / c["normalized_latency_s"]), times(s["ttft_p50_s"] / c["ttft_p50_s"]),
+        ])  # fmt: skip
+    header = ["requests/s", "tokens/s, continuous ÷ static", "normalized latency, static ÷ continuous",
+              "TTFT p50, static ÷ continuous"]  # fmt: skip
+    return markdown(header, out)
+
+
 CHAPTER_TABLES: dict[str, dict[str, Callable[[list[dict]], str]]] = {
     "02_memory": {"systems": memory_systems, "block sizes": memory_block_sizes},
     "03_sharing": {"saved": sharing_saved},
     "04_prefix": {"runs": prefix_runs, "gains": prefix_gains},
     "05_throughput": {"systems": throughput_systems, "ratios": throughput_ratios},
     "07_real": {"systems": real_systems},
+    "08_serve": {"rates": serve_rates, "ratios": serve_ratios},
 }

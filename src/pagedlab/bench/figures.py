@@ -32,9 +32,10 @@ BENCH_FIGURES = {
     "prefix": "04_prefix",
     "throughput": "05_throughput",
     "real": "07_real",  # measuring it again needs the fetched model (`pagedlab fetch smollm2`)
+    "serve": "08_serve",
 }
 # Rough seconds of each bench at its defaults on a quiet 2-core CPU (the estimate printed before a rerun)
-ROUGH_SECONDS = {"memory": 6, "sharing": 50, "prefix": 15, "throughput": 125, "real": 210}
+ROUGH_SECONDS = {"memory": 6, "sharing": 50, "prefix": 15, "throughput": 125, "real": 210, "serve": 70}
 
 
 def figure_savers() -> dict[str, Callable[[list[dict], str | Path], Path]]:
@@ -42,6 +43,7 @@ def figure_savers() -> dict[str, Callable[[list[dict], str | Path], Path]]:
     from pagedlab.bench.memory import save_memory_figure
     from pagedlab.bench.prefix_report import save_prefix_figure
     from pagedlab.bench.real_report import save_real_figure
+    from pagedlab.bench.serve import save_serve_figure
     from pagedlab.bench.sharing_report import save_sharing_figure
     from pagedlab.bench.throughput_report import save_throughput_figure
 
@@ -51,6 +53,7 @@ def figure_savers() -> dict[str, Callable[[list[dict], str | Path], Path]]:
         "prefix": save_prefix_figure,
         "throughput": save_throughput_figure,
         "real": save_real_figure,
+        "serve": save_serve_figure,
     }
 
 

@@ -91,8 +91,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
-    if options and args.name not in ("throughput", "prefix", "real"):
-        raise ValueError(f"--repeats: only throughput and prefix repeat their runs (real too), not {args.name}")
+    if options and args.name not in ("throughput", "prefix", "real", "serve"):
+        raise ValueError(f"--repeats: only throughput, prefix, real and serve repeat their runs, not {args.name}")
     if options and args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
@@ -108,6 +108,7 @@ BENCH_SECONDS = {
     "scheduler": "2 s (a fake model)",
     "kernel": "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels",
     "real": "3.5 min (SmolLM2-135M-Instruct, 5 systems x 2 rounds; needs `pagedlab fetch smollm2`)",
+    "serve": "70 s (pagedlab serve on 127.0.0.1: 2 systems x 3 Poisson rates x 2 rounds, the openai client)",
 }
 
 
@@ -313,6 +314,71 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
     return 0 if result["tests"] and result["score"] == result["max_score"] else 1
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from pagedlab.tools import serve
+
+    if args.explain_metrics:
+        print(serve.explain_from(args.url or f"http://{args.host}:{args.port}"), end="")
+        return 0
+    engine_args = {name: getattr(args, name) for name in SERVE_ENGINE_ARGS if getattr(args, name) is not None}
+    if args.no_prefix_caching:
+        engine_args["enable_prefix_caching"] = False
+    live = serve.LiveView() if args.live else None
+    if live is not None:
+        engine_args.update(record_trace=True, max_trace_steps=64)
+    state = serve.build_state(args.model, engine_args, chat_template=args.chat_template, live=live)
+    print(
+        f"serving {state.model_name} at http://{args.host}:{args.port}/v1 (stage {state.engine.engine.config.stage}, "
+        f"max_model_len {state.max_model_len}); /metrics, /metrics/explain; Ctrl-C stops",
+        file=sys.stderr,
+    )
+    if live is None:
+        sig = serve.serve(state, args.host, args.port)
+    else:
+        with live:
+            sig = serve.serve(state, args.host, args.port)
+    if sig:
+        print(f"stopped by {signal.Signals(sig).name}: requests in flight were aborted", file=sys.stderr)
+    return 0
+
+
+# `pagedlab serve` options passed to LLM(...) as engine settings.
+SERVE_ENGINE_ARGS = (
+    "stage", "block_size", "num_kv_blocks", "kv_cache_memory", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "long_prefill_token_threshold", "preemption_mode", "num_swap_blocks",
+    "scheduling_policy", "attention_backend", "seed",
+)  # fmt: skip
+
+
+def _add_serve(sub) -> None:
+    s = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (/v1/completions, /v1/chat/completions, streaming, /metrics)",
+        description="Serve a model over HTTP with OpenAI's API; continuous batching across the clients. "
+        "GET /metrics (Prometheus, vLLM's names), /metrics/explain, /health, /v1/models.",
+    )
+    s.add_argument("--model", default="tiny-shakespeare", help="a model name (tiny-shakespeare, smollm2-135m-instruct) "
+                   "or a Hugging Face folder")  # fmt: skip
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--chat-template", default=None, help="a Jinja chat template (file or text) for models without one")
+    s.add_argument("--live", action="store_true", help="draw the engine's steps in the terminal as clients come and go")
+    s.add_argument(
+        "--explain-metrics",
+        action="store_true",
+        help="ask a running server (--url, else --host/--port) why its prefix-cache hit rate is what it is",
+    )
+    s.add_argument("--url", default=None, help="with --explain-metrics: the server's address")
+    s.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off (stage 4+)")
+    for name in SERVE_ENGINE_ARGS:
+        kind = str if name in ("stage", "preemption_mode", "scheduling_policy", "attention_backend") else int
+        kind = str if name == "kv_cache_memory" else kind
+        s.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=argparse.SUPPRESS)
+    s.set_defaults(func=_cmd_serve)
+
+
 def _add_assignment(sub) -> None:
     from pagedlab.tools.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
 
@@ -417,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.set_defaults(func=_cmd_figures)
 
     _add_assignment(sub)
+    _add_serve(sub)
     tiny = sub.add_parser("train-tiny", help="retrain the bundled tiny-shakespeare model (a few minutes on CPU)")
     tiny.add_argument("--out", default=None, help="output folder (default: overwrite the bundled model)")
     tiny.add_argument("--steps", type=int, default=1000)

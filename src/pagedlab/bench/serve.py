@@ -1,0 +1,232 @@
+"""Benchmarks: `pagedlab bench serve`, a bounded load test of `pagedlab serve` on 127.0.0.1, continuous vs static.
+
+Builds on: tools/serve.py (the server, in a thread of this process), the `openai` client (streaming),
+bench/workloads.py (an Alpaca-like stream: short prompts and outputs), bench/rounds.py (taking turns).
+Read with: chapters/08-online-serving.md (Measurements), the paper's Figure 12 (normalized latency vs rate).
+
+Requests arrive as a Poisson process at each rate (seeded: the same arrival times and lengths for
+both systems), each streamed by its own asyncio task through the real client:
+
+    send --- first chunk ------ chunk -- chunk -- ... -- last chunk
+         TTFT              ITL       ITL                 e2e = last - send;  normalized = e2e / output tokens
+
+    static      stage 4: a batch is admitted when the previous one has finished; arrivals wait for it
+    continuous  stage 5: every step re-forms the batch; an arrival is admitted at the next step
+
+The server keeps one engine loop; the client measures what a user sees. Both systems use the
+tiled torch decode (bench/common.py: timing_llm), so the schedulers differ and nothing else.
+Each (system, rate) cell runs REPEATS times in turns and reports its run with the lowest
+normalized latency (other programs only ever add time); at the highest rate static batching's
+queue grows without bound while continuous batching keeps up, the paper's Figure 12.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from pagedlab.bench.common import corpus_token_ids, write_rows_beside, wrote_line
+from pagedlab.bench.rounds import round_robin
+from pagedlab.bench.workloads import sample_requests
+
+SYSTEMS = {"static": 4, "continuous": 5}
+RATES = (2.0, 8.0, 32.0)  # requests per second
+NUM_REQUESTS = 24
+REPEATS = 2
+ENGINE = {"block_size": 16, "max_num_seqs": 8, "max_model_len": 512, "num_kv_blocks": 128}
+PAPER = "the paper (Figure 12): vLLM sustains 1.7-2.7x Orca's request rate, 2-4x FasterTransformer's, at equal latency"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class _Server:
+    """The benchmarked server: `pagedlab serve`'s app in a thread, the bundled model at one stage."""
+
+    def __init__(self, stage: int):
+        import socket
+
+        import uvicorn
+
+        from pagedlab.bench.common import timing_llm
+        from pagedlab.engine.async_engine import AsyncEngine
+        from pagedlab.tools import serve
+
+        llm = timing_llm(stage, **ENGINE)
+        engine = AsyncEngine(llm.engine)
+        metrics = serve.MetricsExporter(engine, "tiny-shakespeare")
+        max_len = llm.engine.config.max_model_len
+        self.state = serve.ServerState(
+            engine, "tiny-shakespeare", llm.get_tokenizer(), max_len, None, metrics, time.time()
+        )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(serve.create_app(self.state), host="127.0.0.1", port=self.port, log_level="error")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the benchmarked server did not start within 60 s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.state.engine.shutdown()
+
+
+def _workload(num_requests: int, rate: float, seed: int = 0) -> list[tuple[float, list[int], int]]:
+    """(send time offset, prompt token ids, output length) per request: Poisson arrivals at `rate`."""
+    rng = random.Random(f"serve-{seed}-{rate}")
+    corpus = corpus_token_ids(num_chars=20_000)
+    t, out = 0.0, []
+    for i, spec in enumerate(sample_requests("alpaca", num_requests, seed=seed, max_model_len=ENGINE["max_model_len"])):
+        start = (i * 97) % (len(corpus) - spec.prompt_len)
+        out.append((t, corpus[start : start + spec.prompt_len], spec.output_len))
+        t += rng.expovariate(rate)
+    return out
+
+
+async def _one(client, offset: float, prompt: list[int], output_len: int, t0: float) -> dict:
+    await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+    sent = time.perf_counter()
+    stream = await client.completions.create(
+        model="tiny-shakespeare", prompt=prompt, max_tokens=output_len, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    times = []
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            times.append(time.perf_counter())
+    return {"sent": sent, "times": times, "output_len": output_len}
+
+
+async def _load(port: int, workload) -> tuple[list[dict], float]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    try:
+        t0 = time.perf_counter() + 0.05
+        runs = await asyncio.wait_for(asyncio.gather(*(_one(client, *w, t0) for w in workload)), timeout=600)
+        return runs, time.perf_counter() - t0
+    finally:
+        await client.close()
+
+
+def serve_run(server: _Server, system: str, rate: float, num_requests: int) -> dict:
+    """One load test against a running server: the row of (system, rate)."""
+    runs, wall = asyncio.run(_load(server.port, _workload(num_requests, rate)))
+    ttft = [r["times"][0] - r["sent"] for r in runs if r["times"]]
+    itl = [b - a for r in runs for a, b in zip(r["times"], r["times"][1:])]
+    normalized = [(r["times"][-1] - r["sent"]) / r["output_len"] for r in runs if r["times"]]
+    tokens = sum(r["output_len"] for r in runs)
+    return {
+        "system": system,
+        "request_rate": rate,
+        "num_requests": num_requests,
+        "tokens_per_s": tokens / wall,
+        "requests_per_s": num_requests / wall,
+        "normalized_latency_s": statistics.fmean(normalized),
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p90_s": percentile(ttft, 0.9),
+        "ttft_p99_s": percentile(ttft, 0.99),
+        "itl_p50_s": percentile(itl, 0.5),
+        "itl_p90_s": percentile(itl, 0.9),
+        "itl_p99_s": percentile(itl, 0.99),
+        "wall_s": wall,
+    }
+
+
+def serve_rows(console, rates=RATES, num_requests: int = NUM_REQUESTS, repeats: int = REPEATS) -> list[dict]:
+    servers = {name: _Server(stage) for name, stage in SYSTEMS.items()}
+    try:
+        jobs = {
+            f"{name}@{rate:g}": (lambda n=name, r=rate: serve_run(servers[n], n, r, num_requests))
+            for rate in rates
+            for name in SYSTEMS
+        }
+        results = round_robin(jobs, repeats, lambda job, i: console.print(f"[dim]round {i}: {job}[/dim]"))
+    finally:
+        for server in servers.values():
+            server.close()
+    rows = []
+    for runs in results.values():
+        best = min(runs, key=lambda r: r["normalized_latency_s"])
+        rows.append(dict(best, runs=len(runs)))
+    return rows
+
+
+def serve_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="pagedlab serve under Poisson load (127.0.0.1, the bundled model, CPU)")
+    for name in ("system", "req/s in", "tokens/s", "normalized latency", "TTFT p50 / p99", "ITL p50 / p99"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        latency = f"{r['normalized_latency_s'] * 1e3:.1f} ms"
+        ttft = f"{r['ttft_p50_s'] * 1e3:.0f} / {r['ttft_p99_s'] * 1e3:.0f} ms"
+        itl = f"{r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} ms"
+        table.add_row(r["system"], f"{r['request_rate']:g}", f"{r['tokens_per_s']:.0f}", latency, ttft, itl)
+    return table
+
+
+def save_serve_figure(rows: list[dict], figures_dir: str | Path = "figures") -> Path:
+    """Normalized latency and TTFT p50 against the request rate, static vs continuous (the paper's Figure 12)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedlab.viz.palette import RESERVED, USED, save_figure
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    rates = sorted({r["request_rate"] for r in rows})
+    for system, marker, colour in (("static (stage 4)", "s", RESERVED), ("continuous (stage 5)", "o", USED)):
+        mine = sorted((r for r in rows if system.startswith(r["system"])), key=lambda r: r["request_rate"])
+        x = [r["request_rate"] for r in mine]
+        left.plot(x, [r["normalized_latency_s"] * 1e3 for r in mine], marker=marker, color=colour, label=system)
+        right.plot(x, [r["ttft_p50_s"] * 1e3 for r in mine], marker=marker, color=colour, label=system)
+    for ax, label in ((left, "normalized latency (ms per output token)"), (right, "time to first token, p50 (ms)")):
+        ax.set_xscale("log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.minorticks_off()
+        ax.set_xlabel("request rate (requests/s, Poisson)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("pagedlab serve on 127.0.0.1 under Poisson load: static vs continuous batching")
+    return save_figure(fig, Path(figures_dir) / "08_serve.png")
+
+
+def run_serve(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
+    """The `serve` bench: rows, the table on `console`, and figures/08_serve.png + .json. Torch: one thread."""
+    import torch
+
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    rates, repeats = options.get("rates", RATES), options.get("repeats", REPEATS)
+    num = options.get("num_requests", NUM_REQUESTS)
+    console.print(f"serve: {len(SYSTEMS)} systems x {len(rates)} rates x {repeats} rounds, {num} requests each")
+    torch.set_num_threads(1)
+    try:
+        rows = serve_rows(console, **options)
+    finally:
+        torch.set_num_threads(threads)
+    console.print(serve_table(rows))
+    console.print(f"[dim]{PAPER}[/dim]")
+    result = {"bench": "serve", "rows": rows}
+    if figure:
+        png = save_serve_figure(rows, figures_dir)
+        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
+    console.print(f"[dim]serve: {time.perf_counter() - start:.1f} s[/dim]")
+    return result
