@@ -118,6 +118,8 @@ def test_make_figures_writes_every_registered_png(tmp_path):
         "01_batch_timeline.png",
         "02_block_tables.png",
         "02_pool_occupancy.png",
+        "02_sliding_window.png",
+        "02_sliding_window.json",
         "03_cow_before_after.png",
         "03_beam_tree.png",
         "04_hash_chain.png",

@@ -61,6 +61,7 @@ class EngineConfig:
     record_trace: bool = False  # keep a per-step trace (who ran, tokens, KV held/used) for plots
     max_trace_steps: int = 10_000  # the trace keeps the last this many steps (a ring: a long run stays bounded)
     debug_checks: bool = False  # check every invariant after every step (slow; for tests)
+    sliding_window: int = 0  # from the model (stages 2+): every layer's window, so blocks behind it are freed; 0 = none
 
     @property
     def stage_name(self) -> str:
@@ -76,9 +77,13 @@ class EngineConfig:
         dtype = overrides.get("dtype") or "float32"
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {tuple(DTYPES)}")
-        return cls.create(
+        if "sliding_window" in overrides:
+            raise ValueError("sliding_window: comes from the model's config.json (sliding_window, layer_types)")
+        cfg = cls.create(
             stage, model_config.max_position_embeddings, kv_bytes_per_token(model_config, dtype), **overrides
         )
+        window = model_config.kv_window if cfg.stage >= 2 else None  # stage 1's regions are reserved whole
+        return _replace(cfg, sliding_window=window or 0)
 
     @classmethod
     def create(cls, stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:

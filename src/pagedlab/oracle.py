@@ -56,7 +56,7 @@ def last_logits(model: CausalLM, sequences: list[list[int]]) -> torch.Tensor:
     bounds = [0]
     for s in sequences:
         bounds.append(bounds[-1] + len(s))
-    attn = NoCacheAttention(model.config.num_queries_per_kv, model.config.head_dim)
+    attn = NoCacheAttention(model.config.num_queries_per_kv, model.config.head_dim, model.config.layer_windows)
     hidden = model(ids, positions, attn, _SeqBounds(bounds))  # [T, E]
     return model.compute_logits(hidden[torch.tensor(bounds[1:], device=device) - 1])  # [N, V]
 

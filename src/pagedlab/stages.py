@@ -147,13 +147,16 @@ STAGES: dict[int, StagePreset] = {
 }
 
 
-def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: int, head_dim: int):
+def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: int, head_dim: int, windows=()):
     """The preset's torch backend, or the Triton one (imported only now) when the config resolved to it."""
     if config.attention_backend == "triton":
         from pagedlab.attention.triton.backend import TritonAttention
 
-        return TritonAttention(kv_cache, num_queries_per_kv, head_dim)
-    return preset.attention(kv_cache, num_queries_per_kv, head_dim)
+        backend = TritonAttention(kv_cache, num_queries_per_kv, head_dim)
+    else:
+        backend = preset.attention(kv_cache, num_queries_per_kv, head_dim)
+    backend.windows = windows  # each layer's sliding window; () = none
+    return backend
 
 
 def make_scheduler(config, preset: StagePreset, kv_manager):

@@ -239,7 +239,8 @@ def test_repeats_is_refused_by_a_bench_that_does_not_repeat(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "memory", "--repeats", "3", "--no-figure"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.startswith("pagedlab bench: --repeats: only throughput and prefix repeat")
+    err = capsys.readouterr().err
+    assert err.startswith("pagedlab bench: --repeats: only throughput, prefix, real and serve repeat")
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "throughput", "--repeats", "0", "--no-figure"])
     assert exit_info.value.code == 2 and "--repeats must be >= 1, got 0" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`pagedlab bench serve` on a tiny stream: both systems, every field, a figure (the real run: figures/08_serve.json)."""
+"""`pagedlab bench serve` on a tiny stream: both systems, every field, a figure (real run: figures/08_serve.json)."""
 
 import pytest
 

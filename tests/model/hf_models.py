@@ -46,6 +46,18 @@ KINDS = {
     ),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": False}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+    # Sliding windows of 8 (chapters/02-paged-blocks.md, Sliding windows): every layer, or the second only.
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8, "head_dim": 16}),
+    "qwen2-window": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
+    ),
+    "qwen2-mixed": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
 }
 
 

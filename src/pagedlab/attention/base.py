@@ -54,18 +54,23 @@ def repeat_kv(x: torch.Tensor, num_queries_per_kv: int) -> torch.Tensor:
     return x.repeat_interleave(num_queries_per_kv, dim=-2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of the last `Tq` positions of a sequence over all `Tk` of its keys.
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """Attention of the last `Tq` positions of a sequence over its last `Tk` keys.
 
     q: [Tq, H, D], k/v: [Tk, H, D] with Tk >= Tq; query i sits at position Tk - Tq + i
-    and sees keys 0 .. Tk - Tq + i. Computed in float32 for every dtype.
+    and sees keys 0 .. Tk - Tq + i (counted from the first key given). With a sliding `window` W,
+    it sees only the keys j with i' - W < j <= i' (i' its position): W keys, itself included, as
+    transformers' `kv_idx > q_idx - sliding_window`. Computed in float32 for every dtype.
     """
     tq, tk = q.shape[0], k.shape[0]
     qh, kh, vh = q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1)  # [H, T*, D]
     scores = torch.matmul(qh, kh.transpose(1, 2)) * scale  # [H, Tq, Tk]
     q_pos = torch.arange(tk - tq, tk, device=q.device)[:, None]
     k_pos = torch.arange(tk, device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    hidden = k_pos > q_pos if window is None else (k_pos > q_pos) | (k_pos <= q_pos - window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, vh).transpose(0, 1).to(q.dtype)  # [H, Tq, D] -> [Tq, H, D]
 
@@ -79,15 +84,23 @@ class NoCacheAttention:
 
     name = "no-cache"
 
-    def __init__(self, num_queries_per_kv: int, head_dim: int):
+    def __init__(self, num_queries_per_kv: int, head_dim: int, windows: tuple[int | None, ...] = ()):
         self.num_queries_per_kv = num_queries_per_kv
         self.scale = head_dim**-0.5
+        self.windows = windows  # each layer's sliding window (None: full attention); () = none anywhere
 
     def forward(self, layer_idx, q, k, v, metadata):
         out = torch.empty_like(q)
         bounds = metadata.query_start_loc
+        window = self.windows[layer_idx] if self.windows else None
         for start, end in zip(bounds[:-1], bounds[1:]):
             kk = repeat_kv(k[start:end], self.num_queries_per_kv)  # [len, H, D]
             vv = repeat_kv(v[start:end], self.num_queries_per_kv)
-            out[start:end] = causal_attention(q[start:end], kk, vv, self.scale)
+            out[start:end] = causal_attention(q[start:end], kk, vv, self.scale, window)
         return out
+
+
+def window_start(seq_len: int, first_query_pos: int, window: int | None) -> int:
+    """The first context position any of a request's queries can see (0 without a window): keys before
+    it are never read, so their blocks may be gone (kv/paged.py frees them)."""
+    return 0 if window is None else max(0, first_query_pos - window + 1)

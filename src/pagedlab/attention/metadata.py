@@ -14,7 +14,7 @@ Shapes: B requests in the step, T new tokens in all, MB = max blocks per request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -48,6 +48,7 @@ class AttentionMetadata:
     prefill_rows_cpu: list[int]  # the same, on the CPU
     max_query_len: int  # the longest prefill chunk this step
     decode_plan: DecodePlan | None = None  # the tiled backend's gather, made by its prepare() once per step
+    decode_plans: dict = field(default_factory=dict)  # the same per sliding window (None: full) when layers differ
 
     @property
     def num_reqs(self) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedlab.attention.base import causal_attention, repeat_kv
+from pagedlab.attention.base import causal_attention, repeat_kv, window_start
 from pagedlab.attention.metadata import AttentionMetadata
 
 
@@ -37,6 +37,10 @@ class ReferenceAttention:
     """Torch reference attention over the paged-layout cache; a subclass says where a context lives."""
 
     name = "torch"
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (set by stages.make_attention); () = none
+
+    def window(self, layer_idx: int) -> int | None:
+        return self.windows[layer_idx] if self.windows else None
 
     def __init__(self, kv_cache: torch.Tensor, num_queries_per_kv: int, head_dim: int):
         self.kv_cache = kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]
@@ -54,15 +58,19 @@ class ReferenceAttention:
         k_cache, v_cache = self.kv_cache[layer_idx]
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)  # [T, H, D]
-        self.attend(out, q, k_cache.view(-1, *k.shape[1:]), v_cache.view(-1, *v.shape[1:]), meta, range(meta.num_reqs))
+        k_flat, v_flat = k_cache.view(-1, *k.shape[1:]), v_cache.view(-1, *v.shape[1:])
+        self.attend(out, q, k_flat, v_flat, meta, range(meta.num_reqs), self.window(layer_idx))
         return out
 
-    def attend(self, out, q, k_flat, v_flat, meta: AttentionMetadata, rows) -> None:
-        """Each request of `rows`: its new tokens' queries over its whole context, causally."""
+    def attend(self, out, q, k_flat, v_flat, meta: AttentionMetadata, rows, window: int | None = None) -> None:
+        """Each request of `rows`: its new tokens' queries over its context, causally; with a sliding window,
+        only the positions some query can see are gathered (from window_start on)."""
         qsl = meta.query_start_loc_cpu
         for b in rows:
-            positions = torch.arange(meta.seq_lens_cpu[b], device=q.device)
+            seq_len, num_q = meta.seq_lens_cpu[b], qsl[b + 1] - qsl[b]
+            start = window_start(seq_len, seq_len - num_q, window)
+            positions = torch.arange(start, seq_len, device=q.device)
             slots = self.context_slots(meta, torch.full_like(positions, b), positions)  # [S]
             kk = repeat_kv(k_flat.index_select(0, slots), self.num_queries_per_kv)  # [S, H, D]
             vv = repeat_kv(v_flat.index_select(0, slots), self.num_queries_per_kv)
-            out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale)
+            out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]], kk, vv, self.scale, window)

@@ -34,36 +34,44 @@ class TiledPagedAttention(PagedAttention):
     """PagedAttention with every decode of a step computed together, tile by tile (same results)."""
 
     def prepare(self, meta: AttentionMetadata) -> None:
-        """The decodes' gather is the same in every layer: plan it once per step."""
-        meta.decode_plan = self.plan_decode(meta) if meta.decode_rows_cpu else None
+        """The decodes' gather is the same in every layer of one window: plan it once per step and window."""
+        windows = list(dict.fromkeys(self.windows)) if self.windows else [None]
+        meta.decode_plans = {w: self.plan_decode(meta, w) for w in windows} if meta.decode_rows_cpu else {}
+        meta.decode_plan = meta.decode_plans.get(windows[0])
 
     def forward(self, layer_idx, q, k, v, meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = self.kv_cache[layer_idx]
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         k_flat, v_flat = k_cache.view(-1, *k.shape[1:]), v_cache.view(-1, *v.shape[1:])  # [slots, KVH, D]
         out = torch.empty_like(q)
-        plan = meta.decode_plan
+        window = self.window(layer_idx)
+        plan = meta.decode_plans.get(window) if meta.decode_plans else meta.decode_plan
         if plan is not None:
             out.index_copy_(0, plan.tokens, self._decode(q.index_select(0, plan.tokens), k_flat, v_flat, plan))
-        self.attend(out, q, k_flat, v_flat, meta, meta.prefill_rows_cpu)  # prefill chunks: the reference path
+        self.attend(out, q, k_flat, v_flat, meta, meta.prefill_rows_cpu, window)  # prefill chunks: the reference path
         return out
 
-    def plan_decode(self, meta: AttentionMetadata) -> DecodePlan:
+    def plan_decode(self, meta: AttentionMetadata, window: int | None = None) -> DecodePlan:
         """Where every decode's context lives, worked out once per step (every layer reads the same slots).
 
         A decode's context is cut into tiles of block_size positions (at stage 2 a tile is exactly one
         block of its block table). The tail of a request's last tile, past its seq_len, still lies in
         the request's own last block (or region), so it is a valid index; whatever it holds, a -inf
-        bias keeps it out of the softmax.
+        bias keeps it out of the softmax. With a sliding window W the tiles start at the one holding
+        position seq_len - W (the blocks before it may be freed), and its head gets the -inf bias too.
         """
         rows, bs, kvh = meta.decode_rows, meta.block_size, self.kv_cache.shape[-2]
         dev = rows.device
         lens = meta.seq_lens.index_select(0, rows)  # [N]
-        tiles_per_req = torch.div(lens + bs - 1, bs, rounding_mode="floor")  # [N]
+        low = torch.zeros_like(lens) if window is None else (lens - window).clamp(min=0)  # [N] first visible
+        first_tile = torch.div(low, bs, rounding_mode="floor")  # [N]
+        tiles_per_req = torch.div(lens + bs - 1, bs, rounding_mode="floor") - first_tile  # [N]
         owner = torch.repeat_interleave(torch.arange(len(rows), device=dev), tiles_per_req)  # [NT] whose tile
         first = (torch.cumsum(tiles_per_req, 0) - tiles_per_req).index_select(0, owner)  # [NT] owner's first tile
-        positions = (torch.arange(len(owner), device=dev) - first)[:, None] * bs + torch.arange(bs, device=dev)
+        tile = torch.arange(len(owner), device=dev) - first + first_tile.index_select(0, owner)  # [NT] which tile
+        positions = tile[:, None] * bs + torch.arange(bs, device=dev)  # [NT, bs]
         padding = positions >= lens.index_select(0, owner)[:, None]  # [NT, bs] past the owner's seq_len
+        padding |= positions < low.index_select(0, owner)[:, None]  # before its window
         slots = self.context_slots(meta, rows.index_select(0, owner).repeat_interleave(bs), positions.reshape(-1))
         # The cache viewed as rows of D values: KV head h of slot s is row s * KVH + h. Gathering in
         # (tile, KV head, position) order gives [NT*KVH, bs, D], ready for a batched matmul.

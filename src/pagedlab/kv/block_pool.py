@@ -104,6 +104,13 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.null_block: KVCacheBlock | None = None
+
+    def take_null_block(self) -> KVCacheBlock:
+        """Block 0 out of the free queue for good, as vLLM's null_block: a placeholder in block tables for
+        blocks a sliding window dropped. It is never allocated nor freed, and never read."""
+        self.null_block = self.free_block_queue.popleft()
+        return self.null_block
 
     @property
     def num_free(self) -> int:
@@ -139,7 +146,8 @@ class BlockPool:
         queued = self.free_block_queue.get_all_free_blocks()
         check(len(queued) == len(set(map(id, queued))) == self.num_free, "free queue is corrupt")
         check(
-            {b.block_id for b in queued} == {b.block_id for b in self.blocks if b.ref_cnt == 0},
-            "a block is in the free queue iff ref_cnt == 0",
+            {b.block_id for b in queued}
+            == {b.block_id for b in self.blocks if b.ref_cnt == 0 and b is not self.null_block},
+            "a block is in the free queue iff ref_cnt == 0 (the null block never is)",
         )
         check(all(b.ref_cnt >= 0 for b in self.blocks), "negative ref_cnt")

@@ -42,8 +42,8 @@ class BlockCopy:
 class CowKVCacheManager(PagedKVCacheManager):
     """Invariant (inherited check): a block's ref_cnt equals the number of block tables holding it."""
 
-    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
-        super().__init__(num_kv_blocks, block_size, max_model_len)
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0):
+        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window)
         self.pending_copies: list[BlockCopy] = []  # copy-on-write copies made since the scheduler last took them
 
     # BEGIN SOLUTION
@@ -53,7 +53,8 @@ class CowKVCacheManager(PagedKVCacheManager):
         """The child starts with the parent's block table; every block gains one reference."""
         blocks = self.req_to_blocks.get(parent.request_id, [])
         for block in blocks:
-            block.ref_cnt += 1
+            if block is not self.null_block:  # (a sliding window's placeholder is nobody's)
+                block.ref_cnt += 1
         self.req_to_blocks[child.request_id] = list(blocks)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:

@@ -36,22 +36,50 @@ class PagedKVCacheManager:
     prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
     prefix_cache_hits = 0  # of those, tokens found cached
 
-    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0):
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_kv_blocks)
+        self.pool = self.make_pool(num_kv_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
+        # Sliding window (every layer's, chapters/02-paged-blocks.md): blocks no query can see any more are
+        # freed and their table entries point at the null block, never allocated nor freed (vLLM's null_block).
+        self.sliding_window = sliding_window
+        self.null_block = self.pool.take_null_block() if sliding_window else None
+
+    def make_pool(self, num_kv_blocks: int) -> BlockPool:
+        return BlockPool(num_kv_blocks)
 
     @classmethod
     def from_config(cls, config) -> PagedKVCacheManager:
-        return cls(config.num_kv_blocks, config.block_size, config.max_model_len)
+        return cls(config.num_kv_blocks, config.block_size, config.max_model_len, config.sliding_window)
+
+    def remove_skipped_blocks(self, request: Request) -> None:
+        """Free the request's blocks that lie wholly before every query's window from now on (vLLM's
+        remove_skipped_blocks): this step's first query sits at num_computed_tokens and sees keys from
+        num_computed_tokens - W + 1 on. The freed entries become the null block, tail first."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not self.sliding_window or not blocks:
+            return
+        skipped = max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        freed = []
+        for i in range(min(skipped, len(blocks)) - 1, -1, -1):
+            if blocks[i] is self.null_block:
+                break  # everything before it went in an earlier step
+            freed.append(blocks[i])
+            blocks[i] = self.null_block
+        self.release(request, freed)
+
+    def release(self, request: Request, blocks: list[KVCacheBlock]) -> None:
+        """Give up blocks `request` held (not the null block); stage 4 keeps them in its cache."""
+        self.pool.free(blocks)
 
     # BEGIN SOLUTION
     # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or
     # None.
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
+        self.remove_skipped_blocks(request)  # (a sliding window's blocks out of reach; nothing without one)
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request.request_id] = []
@@ -67,7 +95,8 @@ class PagedKVCacheManager:
 
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
-        self.pool.free(reversed(self.req_to_blocks.pop(request.request_id, [])))
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.pool.free([b for b in reversed(blocks) if b is not self.null_block])
 
     # END SOLUTION
 
@@ -91,7 +120,8 @@ class PagedKVCacheManager:
 
     def promised_blocks(self, running: list[Request]) -> int:
         """Blocks the running requests may still claim: their worst case minus the blocks they hold."""
-        held = {b.block_id for r in running for b in self.req_to_blocks.get(r.request_id, ())}
+        tables = [self.req_to_blocks.get(r.request_id, ()) for r in running]
+        held = {b.block_id for blocks in tables for b in blocks if b is not self.null_block}
         return self.worst_case_blocks(running) - len(held)
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
@@ -101,17 +131,19 @@ class PagedKVCacheManager:
     def can_ever_admit(self, group: list[Request]) -> bool:
         """Even an empty pool could not hold it: each request's own worst case, sharing not counted (a
         group preempted by recompute at stage 5 may rebuild its children's prompts one by one)."""
-        return sum(self.max_blocks(r) for r in group) <= self.num_kv_blocks
+        return sum(self.max_blocks(r) for r in group) <= self.num_kv_blocks - (self.null_block is not None)
 
     def get_block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request.request_id, ())]
 
     def slots_held(self, request: Request) -> int:
-        return len(self.req_to_blocks.get(request.request_id, ())) * self.block_size
+        blocks = self.req_to_blocks.get(request.request_id, ())
+        return sum(b is not self.null_block for b in blocks) * self.block_size
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_kv_blocks - self.pool.num_free
+        """Blocks some request holds (the null block is nobody's)."""
+        return self.num_kv_blocks - self.pool.num_free - (self.null_block is not None)
 
     @property
     def num_free_blocks(self) -> int:
@@ -128,5 +160,9 @@ class PagedKVCacheManager:
             for b in blocks:
                 holders[b.block_id] = holders.get(b.block_id, 0) + 1
         for b in self.pool.blocks:
+            if b is self.null_block:
+                if b.ref_cnt != 0:
+                    raise InvariantError(f"the null block {b} was allocated")
+                continue
             if b.ref_cnt != holders.get(b.block_id, 0):
                 raise InvariantError(f"{b} is held by {holders.get(b.block_id, 0)} tables")

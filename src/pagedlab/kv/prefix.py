@@ -107,9 +107,9 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         enable_caching: bool = True,
         hash_seed: int = 0,
         hash_algo: str = "sha256",
+        sliding_window: int = 0,
     ):
-        super().__init__(num_kv_blocks, block_size, max_model_len)
-        self.pool = CachingBlockPool(num_kv_blocks)
+        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window)
         self.enable_caching = enable_caching
         self.none_hash = make_none_hash(hash_seed)
         self.hash_algo = hash_algo
@@ -124,8 +124,12 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
             config.max_model_len,
             enable_caching=config.enable_prefix_caching,
             hash_seed=config.seed,
+            sliding_window=config.sliding_window,
             **extra,
         )
+
+    def make_pool(self, num_kv_blocks: int) -> CachingBlockPool:
+        return CachingBlockPool(num_kv_blocks)
 
     # BEGIN SOLUTION
     # TASK lookup (40 pts): lookup: the longest run of cached full blocks, leaving at least the last token to compute.
@@ -172,7 +176,8 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
         blocks = self.req_to_blocks[request.request_id]
         for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
-            self.pool.cache_full_block(blocks[i], request.block_hashes[i])
+            if blocks[i] is not self.null_block:  # a block a sliding window dropped was cached when it filled
+                self.pool.cache_full_block(blocks[i], request.block_hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
     # END SOLUTION

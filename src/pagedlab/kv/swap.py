@@ -66,6 +66,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, num_swap_blocks: int = 0, **kw):
         super().__init__(num_kv_blocks, block_size, max_model_len, **kw)
         self.swap_pool = SwapPool(num_swap_blocks)
+        self.swapped_nulls: dict[str, int] = {}  # request_id -> leading null-block entries of its swapped table
 
     @classmethod
     def from_config(cls, config, **extra) -> SwappingKVCacheManager:
@@ -77,13 +78,19 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
     # BEGIN SOLUTION
     # TASK swap (25 pts): swap a preempted request's blocks out to the CPU pool and back into new GPU blocks.
     def can_swap_out(self, group: list[Request]) -> bool:
-        return sum(len(self.req_to_blocks.get(r.request_id, ())) for r in group) <= self.swap_pool.num_free
+        held = sum(b is not self.null_block for r in group for b in self.req_to_blocks.get(r.request_id, ()))
+        return held <= self.swap_pool.num_free
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
         """Copy the request's blocks to CPU blocks and let go of the GPU ones: [(gpu, cpu)]."""
         # A block copied-on-write this very step is still empty: copy out its source instead.
         uncopied = {c.dst: c.src for c in self.pending_copies if c.request_id == request.request_id}
-        gpu = [uncopied.get(b, b) for b in self.get_block_ids(request)]
+        table = self.req_to_blocks.get(request.request_id, [])
+        nulls = 0  # leading entries a sliding window dropped (they stay dropped)
+        while nulls < len(table) and table[nulls] is self.null_block:
+            nulls += 1
+        self.swapped_nulls[request.request_id] = nulls
+        gpu = [uncopied.get(b, b) for b in self.get_block_ids(request)[nulls:]]
         cpu = self.swap_pool.allocate(request.request_id, len(gpu))
         num_computed = request.num_computed_tokens
         super().free(request)  # GPU references dropped, shared and cached blocks handled as usual
@@ -91,13 +98,15 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         return list(zip(gpu, cpu))
 
     def blocks_to_swap_in(self, request: Request, num_new_tokens: int) -> int:
-        return cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        nulls = self.swapped_nulls.get(request.request_id, 0)
+        return cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - nulls
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
         """Copy the request's CPU blocks into new GPU blocks; its table becomes those: [(cpu, gpu)]."""
         cpu = self.swap_pool.free(request.request_id)
         blocks = self.pool.allocate(len(cpu))
-        self.req_to_blocks[request.request_id] = blocks
+        nulls = self.swapped_nulls.pop(request.request_id, 0)
+        self.req_to_blocks[request.request_id] = [self.null_block] * nulls + blocks
         self.num_cached_blocks[request.request_id] = 0  # re-offered to the cache on the next allocation
         return [(c, b.block_id) for c, b in zip(cpu, blocks)]
 
@@ -105,6 +114,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
 
     def free(self, request: Request) -> None:
         self.swap_pool.free(request.request_id)  # a request that ends while swapped out
+        self.swapped_nulls.pop(request.request_id, None)
         super().free(request)
 
     def check_invariants(self) -> None:

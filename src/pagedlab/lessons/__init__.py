@@ -110,6 +110,7 @@ from pagedlab.lessons.stage7 import (
     token_pieces,
 )
 from pagedlab.lessons.stage7 import skipped_line as model_missing_line
+from pagedlab.lessons.window import WINDOW, fig_02_sliding_window, window_rows, windowed_bundled_model
 from pagedlab.viz import graphs
 
 FIGURES = [
@@ -118,6 +119,7 @@ FIGURES = [
     fig_01_batch_timeline,
     fig_02_block_tables,
     fig_02_pool_occupancy,
+    fig_02_sliding_window,
     fig_03_cow_before_after,
     fig_03_beam_tree,
     fig_04_hash_chain,
@@ -193,6 +195,7 @@ __all__ = [
     "STAGE7_SYSTEM",
     "STAGE7_TIGHT_POOL",
     "STATIC_VS_CONTINUOUS_POOL",
+    "WINDOW",
     "CacheRun",
     "ChatRun",
     "KVSize",
@@ -210,6 +213,7 @@ __all__ = [
     "fig_01_reserved_vs_used",
     "fig_02_block_tables",
     "fig_02_pool_occupancy",
+    "fig_02_sliding_window",
     "fig_03_beam_tree",
     "fig_03_cow_before_after",
     "fig_04_block_tables_hits",
@@ -244,4 +248,6 @@ __all__ = [
     "tight_run",
     "token_pieces",
     "triton_missing_line",
+    "window_rows",
+    "windowed_bundled_model",
 ]

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -46,6 +46,19 @@ class ModelConfig:
     bos_token_id: int | None = None  # prepended to string prompts when the tokenizer says so
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # generation stops at any of these
     torch_dtype: str = "float32"  # dtype the checkpoint was saved in
+    # Sliding-window attention, per layer: None = full attention; W = the query at position i sees keys
+    # i - W < j <= i (W keys, itself included: transformers' `kv_idx > q_idx - sliding_window`).
+    layer_windows: tuple[int | None, ...] = ()
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window the KV cache may forget behind: every layer's, if every layer has one (their largest)."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(self.layer_windows)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -72,8 +85,7 @@ class ModelConfig:
             raise ValueError(
                 f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
             )
-        if read.flag("use_sliding_window"):
-            raise ValueError(f"{source}: field 'use_sliding_window' is true; sliding-window attention is not supported")
+        windows = _layer_windows(cfg, read, arch, read.integer("num_hidden_layers"), source)
         theta, scaling = _rope(cfg, read, source)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         bias = is_qwen2 or read.flag("attention_bias")
@@ -102,6 +114,7 @@ class ModelConfig:
             bos_token_id=read.integer("bos_token_id", default=None, minimum=0),
             eos_token_ids=read.token_ids("eos_token_id"),
             torch_dtype=read.string("torch_dtype", default=None) or read.string("dtype", default="float32"),
+            layer_windows=windows,
         )
 
     @staticmethod
@@ -188,12 +201,46 @@ class _Reader:
         return tuple(values)
 
 
+def _layer_windows(cfg: dict, read, arch: str, num_layers: int, source: str) -> tuple[int | None, ...]:
+    """Each layer's sliding window, as transformers reads the config (() when no layer has one).
+
+    Mistral: every layer, when `sliding_window` is set. Qwen2 / Qwen3: only with `use_sliding_window`, on the
+    layers `layer_types` marks "sliding_attention" (else those from `max_window_layers` on). Llama: none.
+    """
+    window = read.integer("sliding_window", default=None)
+    flag = read.flag("use_sliding_window")  # read (and type-checked) whatever the architecture
+    if arch == "MistralForCausalLM":
+        uses = window is not None
+    else:  # Qwen2 / Qwen3 only with use_sliding_window; Llama has none
+        uses = flag and arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    if not uses:
+        return ()
+    if window is None:
+        raise ValueError(f"{source}: field 'sliding_window' is missing although use_sliding_window is true")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers or not set(types) <= {
+            "full_attention", "sliding_attention"
+        }:  # fmt: skip
+            raise ValueError(f"{source}: field 'layer_types' must list 'full_attention' or 'sliding_attention' "
+                             f"for each of the {num_layers} layers, got {types!r}")  # fmt: skip
+        sliding = [t == "sliding_attention" for t in types]
+    elif arch == "MistralForCausalLM":
+        sliding = [True] * num_layers
+    else:
+        first = read.integer("max_window_layers", default=num_layers, minimum=0)
+        sliding = [i >= first for i in range(num_layers)]
+    windows = tuple(window if s else None for s in sliding)
+    return windows if any(w is not None for w in windows) else ()
+
+
 def _architecture(cfg: dict, source: str) -> str:
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ValueError(f"{source}: field 'architectures' must be a list of class names, got {archs!r}")
     if not archs:
-        by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
         if cfg.get("model_type") in by_type:
             return by_type[cfg["model_type"]]
         raise ValueError(f"{source}: field 'architectures' is missing (expected one of {SUPPORTED_ARCHITECTURES})")

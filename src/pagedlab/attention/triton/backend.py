@@ -23,6 +23,10 @@ class TritonAttention:
     """Same contract as the torch backends; reads K/V in place through the block table."""
 
     name = "triton"
+    windows: tuple[int | None, ...] = ()  # each layer's sliding window (set by stages.make_attention); () = none
+
+    def window(self, layer_idx: int) -> int | None:
+        return self.windows[layer_idx] if self.windows else None
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class TritonAttention:
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
         block_table = meta.block_table.contiguous()
+        window = self.window(layer_idx) or 0  # the kernels never load a key before it (0: no window)
         if meta.decode_rows_cpu:
             version = paged_decode(
                 out,
@@ -63,6 +68,7 @@ class TritonAttention:
                 self.scale,
                 max_seq_len=meta.max_seq_len,
                 partition_size=self.partition_size,
+                window=window,
             )
             self.versions_run.add(version)
         if meta.prefill_rows_cpu:
@@ -77,5 +83,6 @@ class TritonAttention:
                 meta.prefill_rows,
                 self.scale,
                 max_query_len=meta.max_query_len,
+                window=window,
             )
         return out

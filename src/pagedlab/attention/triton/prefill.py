@@ -11,11 +11,16 @@ already written by store_kv. One kernel serves every such step:
 
     one program per (request b, query head h, tile of BLOCK_M query tokens):
         q_pos = seq_len - q_len + [tile rows]          # absolute positions of these queries
-        for each tile of BLOCK_N key positions p <= max(q_pos):
+        lo = max(0, min(q_pos) - window + 1) if window else 0   # the tile's first visible key
+        for each tile of BLOCK_N key positions lo <= p <= max(q_pos), from the tile holding lo:
             slot = block_table[b, p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
-            S    = Q @ K[slot]^T * scale, masked where p > q_pos (causal) or p >= seq_len
+            S    = Q @ K[slot]^T * scale, masked where p > q_pos (causal), p >= seq_len
+                   or p <= q_pos - window (outside the row's sliding window)
             online softmax update of (m, l, acc) per query row
         out[rows] = acc / l
+
+A sliding window W > 0 lets the query at position i see only keys j with i - W < j <= i (W keys, itself
+included: Hugging Face's `kv_idx > q_idx - sliding_window`); keys before a tile's first window are never loaded.
 
 Shapes: Q [BLOCK_M, D] tiles of q [T, H, D]; caches [num_blocks, block_size, KVH, D].
 vLLM: vllm/v1/attention/ops/prefix_prefill.py (context_attention_fwd; one folder up in older releases),
@@ -30,7 +35,7 @@ import triton.language as tl
 from pagedlab.errors import check
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # one compiled kernel serves every window
 def paged_prefill_kernel(
     out_ptr,
     q_ptr,
@@ -49,6 +54,7 @@ def paged_prefill_kernel(
     stride_ct,
     stride_ch,
     scale,
+    window,
     QUERIES_PER_KV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -78,19 +84,24 @@ def paged_prefill_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         kvh = h // QUERIES_PER_KV
         last = tl.minimum(seq_len, seq_len - q_len + (tile + 1) * BLOCK_M)  # keys past the tile are masked
-        # Phase 2: walk the paged context through the block table, one BLOCK_N tile at a time.
-        for start in range(0, last, BLOCK_N):
+        # keys before the window of the tile's first query are never loaded (0 without a window)
+        window_start = tl.where(window > 0, tl.maximum(seq_len - q_len + tile * BLOCK_M - window + 1, 0), 0)
+        # Phase 2: walk the paged context through the block table, one BLOCK_N tile at a time, from the tile
+        # holding window_start.
+        for start in range(window_start - window_start % BLOCK_N, last, BLOCK_N):
             # BEGIN SOLUTION
             # TASK prefill-tile (30 pts, launcher=paged_prefill): one tile of keys for a tile of queries: gather K/V
             # through the block table, mask causally, and update each query row's online softmax.
             offs_n = start + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < last
+            mask_n = (offs_n >= window_start) & (offs_n < last)
             block = tl.load(block_table_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=mask_n, other=0)
             rows = block.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kvh * stride_ch
             kv_mask = mask_n[:, None] & mask_d[None, :]
             k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK_N]
             causal = (offs_n[None, :] <= q_pos[:, None]) & mask_n[None, :]
+            in_window = (offs_n[None, :] > q_pos[:, None] - window) | (window == 0)  # each row's own window
+            causal = causal & in_window
             s = tl.where(causal, s, -float("inf"))
             # Phase 3: online softmax, one row per query (fully masked rows keep m_i = -inf).
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -103,7 +114,9 @@ def paged_prefill_kernel(
             m_i = m_new
             # END SOLUTION
         # Phase 4: normalize and write this tile's rows.
-        out = acc / l_i[:, None]
+        # padding rows past q_len can lie past every key of their window (l_i = 0); they are not stored, but stay
+        # finite; every real row sees at least itself, so l_i > 0 there and this is the plain acc / l_i.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_rows = (q_start + offs_m) * stride_ot + h * stride_oh
         tl.store(
             out_ptr + o_rows[:, None] + offs_d[None, :],
@@ -126,22 +139,27 @@ def paged_prefill(
     max_query_len: int,
     block_m: int = 16,
     block_n: int = 16,
+    window: int = 0,
 ):
     """Checked launcher. q/out [T, H, D]; caches [num_blocks, block_size, KVH, D]; block_table [B, MB];
-    seq_lens [B]; query_start_loc [B + 1]; rows [N]: the requests to run (query length > 1)."""
+    seq_lens [B]; query_start_loc [B + 1]; rows [N]: the requests to run (query length > 1).
+    window W > 0: sliding-window attention, the query at position i sees keys i - W < j <= i (W keys, itself
+    included, as Hugging Face's sliding_window); block-table entries wholly before every window are never read."""
     _, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     check(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads")
     check(head_dim >= 16 and block_m >= 16 and block_n >= 16, "tl.dot needs tiles of at least 16")
     contiguous = k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1 and out.stride(2) == 1
     check(contiguous, "caches must be contiguous, and q and out contiguous along the head dim")
+    window = window or 0  # None (a layer without a window, as the backends say it) is 0
+    check(window >= 0, "window must be >= 0 (0: no sliding window)")
     n = rows.numel()
     if n == 0:
         return
     grid = (n, num_heads, triton.cdiv(max_query_len, block_m))
     strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0), *k_cache.stride()[:3])
     paged_prefill_kernel[grid](
-        out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, rows, *strides, scale,
+        out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, rows, *strides, scale, window,
         QUERIES_PER_KV=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_SIZE=block_size,
     )  # fmt: skip
