@@ -61,7 +61,7 @@ def test_config_fields_read(pair):
 def _no_cache(loaded):
     from pagedlab.attention.base import NoCacheAttention
 
-    return NoCacheAttention(loaded.config.num_queries_per_kv, loaded.config.head_dim)
+    return NoCacheAttention(loaded.config.num_queries_per_kv, loaded.config.head_dim, loaded.config.layer_windows)
 
 
 def _bounds(n):

@@ -77,16 +77,19 @@ def fig_02_sliding_window(out_dir: Path):
     """Blocks in use per step, without and with the window, and one request's block table with its null entries."""
     runs, rows = demo_runs(), window_rows()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    longest = _longest_request(runs["full"])  # the request that holds the most blocks without a window
     for name, colour in (("full", "#e69f00"), ("window", "#0072b2")):
         run = runs[name]
         label = "no window" if name == "full" else f"window of {WINDOW} tokens"
         left.plot([t.step for t in run.trace], [t.num_used_blocks for t in run.trace], label=label, color=colour)
+        held = [(t.step, t.kv_held[longest] // run.block_size) for t in run.trace if longest in t.kv_held]
+        left.plot(*zip(*held), color=colour, linestyle="--", label=f"request {longest}'s blocks")
     left.axhline(runs["full"].num_kv_blocks, color="#999999", linestyle=":", label="the pool")
     left.set_xlabel("step")
     left.set_ylabel("KV blocks in use")
-    left.set_title("the demo scenario at stage 5: blocks in use")
+    left.set_title("the demo scenario at stage 5: blocks in use (solid), one request's (dashed)")
     left.set_ylim(0, runs["full"].num_kv_blocks * 1.25)
-    left.legend(loc="upper center", ncol=3, fontsize=8)
+    left.legend(loc="upper center", ncol=3, fontsize=7)
     left.grid(alpha=0.3)
     _draw_table(right, runs["window"])
     fig.tight_layout()
@@ -94,6 +97,14 @@ def fig_02_sliding_window(out_dir: Path):
     rows_path = out_dir / "02_sliding_window.json"
     rows_path.write_text(json.dumps({"figure": png.name, "rows": rows}, indent=1) + "\n")
     return png, rows_path
+
+
+def _longest_request(run: TracedRun) -> str:
+    peaks: dict[str, int] = {}
+    for t in run.trace:
+        for rid, slots in t.kv_held.items():
+            peaks[rid] = max(peaks.get(rid, 0), slots)
+    return max(peaks, key=lambda rid: (peaks[rid], rid))
 
 
 def _draw_table(ax, run: TracedRun) -> None:
