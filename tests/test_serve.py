@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -18,6 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedlab.lessons.serving import BackgroundServer
 from pagedlab.tools import serve
 from tests.conftest import need_smollm2
 
@@ -50,35 +50,13 @@ def get(url: str) -> str:
         return ""
 
 
-class Server:
-    """A pagedlab server in a thread of this process, on a free port of 127.0.0.1."""
+class Server(BackgroundServer):
+    """A pagedlab server in a thread of this process (lessons/serving.py), with a real openai client."""
 
     def __init__(self, model: str = "tiny-shakespeare", chat_template: str | None = CHAT_TEMPLATE, **engine):
-        import uvicorn
-
-        self.port = free_port()
-        self.state = serve.build_state(model, engine or ENGINE, chat_template=chat_template)
-        config = uvicorn.Config(serve.create_app(self.state), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(model, chat_template, **(engine or ENGINE))
         wait_until(lambda: get(self.url + "/health"))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics by name (labels dropped; one model)."""
-        samples = {}
-        for family in text_string_to_metric_families(get(self.url + "/metrics")):
-            for s in family.samples:
-                if not s.labels.get("finished_reason") and "le" not in s.labels:
-                    samples[s.name] = s.value
-        return samples
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.state.engine.shutdown()
 
 
 @pytest.fixture(scope="module")

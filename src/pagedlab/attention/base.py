@@ -36,6 +36,15 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
+class LayerWindows:
+    """Each layer's sliding window, set on a backend by stages.make_attention (None: full attention)."""
+
+    windows: tuple[int | None, ...] = ()  # () = no layer has one
+
+    def window(self, layer_idx: int) -> int | None:
+        return self.windows[layer_idx] if self.windows else None
+
+
 def allocate_kv_cache(num_layers, num_kv_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> torch.Tensor:
     """One tensor for the whole cache, [layers, 2 (k, v), num_kv_blocks, block_size, KVH, D]: every cached
     backend of every stage reads this layout.
@@ -75,7 +84,7 @@ def causal_attention(
     return torch.matmul(probs, vh).transpose(0, 1).to(q.dtype)  # [H, Tq, D] -> [Tq, H, D]
 
 
-class NoCacheAttention:
+class NoCacheAttention(LayerWindows):
     """The oracle's backend: every call sees whole sequences, so nothing is cached.
 
     metadata: `query_start_loc`, a list [0, len0, len0+len1, ...] cutting the
@@ -92,7 +101,7 @@ class NoCacheAttention:
     def forward(self, layer_idx, q, k, v, metadata):
         out = torch.empty_like(q)
         bounds = metadata.query_start_loc
-        window = self.windows[layer_idx] if self.windows else None
+        window = self.window(layer_idx)
         for start, end in zip(bounds[:-1], bounds[1:]):
             kk = repeat_kv(k[start:end], self.num_queries_per_kv)  # [len, H, D]
             vv = repeat_kv(v[start:end], self.num_queries_per_kv)

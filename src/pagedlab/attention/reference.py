@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedlab.attention.base import causal_attention, repeat_kv, window_start
+from pagedlab.attention.base import LayerWindows, causal_attention, repeat_kv, window_start
 from pagedlab.attention.metadata import AttentionMetadata
 
 
@@ -33,14 +33,10 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     v_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-class ReferenceAttention:
+class ReferenceAttention(LayerWindows):
     """Torch reference attention over the paged-layout cache; a subclass says where a context lives."""
 
     name = "torch"
-    windows: tuple[int | None, ...] = ()  # each layer's sliding window (set by stages.make_attention); () = none
-
-    def window(self, layer_idx: int) -> int | None:
-        return self.windows[layer_idx] if self.windows else None
 
     def __init__(self, kv_cache: torch.Tensor, num_queries_per_kv: int, head_dim: int):
         self.kv_cache = kv_cache  # [layers, 2, num_kv_blocks, block_size, KVH, D]

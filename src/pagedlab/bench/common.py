@@ -13,6 +13,7 @@ quotes and the figure it shows cannot come from two different runs (bench/figure
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -23,6 +24,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pagedlab.llm import LLM
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block on `n` torch threads, then restore the caller's (benches time on one: see TORCH_THREADS)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def corpus_token_ids(tokenizer=None, num_chars: int | None = None) -> list[int]:

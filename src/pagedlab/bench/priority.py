@@ -12,6 +12,7 @@ time to first token and normalized latency than under FCFS, at class 2's cost.
 
 from __future__ import annotations
 
+from pagedlab.bench.common import torch_threads
 from pagedlab.bench.throughput import TORCH_THREADS, make_stream, pool_blocks
 from pagedlab.sampling_params import SamplingParams
 
@@ -76,16 +77,10 @@ def priority_table(rows: list[dict]):
 
 def priority_section(row: dict):
     """Latency by priority class on the same stream and pool as the `continuous` row (one thread)."""
-    import torch
-
     from pagedlab.llm import LLM
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TORCH_THREADS)
-    try:
+    with torch_threads(TORCH_THREADS):
         tok = LLM(stage="continuous").get_tokenizer()
         stream = make_stream(tok, row["num_requests"], row["length_scale"], row["seed"])
         blocks = pool_blocks(stream, row["max_num_seqs"], row["block_size"])
         return priority_table(priority_latencies(stream, blocks, row["max_num_seqs"], row["block_size"]))
-    finally:
-        torch.set_num_threads(threads)

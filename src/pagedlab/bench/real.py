@@ -237,18 +237,13 @@ def system_jobs(model, num_requests, max_num_seqs, output_lens, seed, roofline_s
 
 def run_real(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
     """The `real` bench: rows, tables and targets on `console`, figures/07_real.png + .json. Torch: one thread."""
-    import torch
-
-    from pagedlab.bench.common import write_rows_beside, wrote_line
+    from pagedlab.bench.common import torch_threads, write_rows_beside, wrote_line
     from pagedlab.bench.real_report import real_table, save_real_figure, start_line, target_lines
 
-    start, threads = time.perf_counter(), torch.get_num_threads()
+    start = time.perf_counter()
     console.print(start_line(options))
-    torch.set_num_threads(TORCH_THREADS)
-    try:
+    with torch_threads(TORCH_THREADS):
         rows = real_rows(console, **options)
-    finally:
-        torch.set_num_threads(threads)
     console.print(real_table(rows))
     for line in target_lines(rows):
         console.print(line)

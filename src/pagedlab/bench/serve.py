@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-import threading
 import time
 from pathlib import Path
 
-from pagedlab.bench.common import corpus_token_ids, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids, timing_llm, torch_threads, write_rows_beside, wrote_line
 from pagedlab.bench.rounds import round_robin
 from pagedlab.bench.workloads import sample_requests
 
@@ -48,42 +47,12 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-class _Server:
+def _server(stage: int):
     """The benchmarked server: `pagedlab serve`'s app in a thread, the bundled model at one stage."""
+    from pagedlab.tools import serve
 
-    def __init__(self, stage: int):
-        import socket
-
-        import uvicorn
-
-        from pagedlab.bench.common import timing_llm
-        from pagedlab.engine.async_engine import AsyncEngine
-        from pagedlab.tools import serve
-
-        llm = timing_llm(stage, **ENGINE)
-        engine = AsyncEngine(llm.engine)
-        metrics = serve.MetricsExporter(engine, "tiny-shakespeare")
-        max_len = llm.engine.config.max_model_len
-        self.state = serve.ServerState(
-            engine, "tiny-shakespeare", llm.get_tokenizer(), max_len, None, metrics, time.time()
-        )
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        config = uvicorn.Config(serve.create_app(self.state), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the benchmarked server did not start within 60 s")
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.state.engine.shutdown()
+    llm = timing_llm(stage, **ENGINE)
+    return serve.ThreadedServer(serve.build_state("tiny-shakespeare", {}, llm=llm))
 
 
 def _workload(num_requests: int, rate: float, seed: int = 0) -> list[tuple[float, list[int], int]]:
@@ -124,7 +93,7 @@ async def _load(port: int, workload) -> tuple[list[dict], float]:
         await client.close()
 
 
-def serve_run(server: _Server, system: str, rate: float, num_requests: int) -> dict:
+def serve_run(server, system: str, rate: float, num_requests: int) -> dict:
     """One load test against a running server: the row of (system, rate)."""
     runs, wall = asyncio.run(_load(server.port, _workload(num_requests, rate)))
     ttft = [r["times"][0] - r["sent"] for r in runs if r["times"]]
@@ -149,7 +118,7 @@ def serve_run(server: _Server, system: str, rate: float, num_requests: int) -> d
 
 
 def serve_rows(console, rates=RATES, num_requests: int = NUM_REQUESTS, repeats: int = REPEATS) -> list[dict]:
-    servers = {name: _Server(stage) for name, stage in SYSTEMS.items()}
+    servers = {name: _server(stage) for name, stage in SYSTEMS.items()}
     try:
         jobs = {
             f"{name}@{rate:g}": (lambda n=name, r=rate: serve_run(servers[n], n, r, num_requests))
@@ -211,17 +180,12 @@ def save_serve_figure(rows: list[dict], figures_dir: str | Path = "figures") -> 
 
 def run_serve(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
     """The `serve` bench: rows, the table on `console`, and figures/08_serve.png + .json. Torch: one thread."""
-    import torch
-
-    start, threads = time.perf_counter(), torch.get_num_threads()
+    start = time.perf_counter()
     rates, repeats = options.get("rates", RATES), options.get("repeats", REPEATS)
     num = options.get("num_requests", NUM_REQUESTS)
     console.print(f"serve: {len(SYSTEMS)} systems x {len(rates)} rates x {repeats} rounds, {num} requests each")
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         rows = serve_rows(console, **options)
-    finally:
-        torch.set_num_threads(threads)
     console.print(serve_table(rows))
     console.print(f"[dim]{PAPER}[/dim]")
     result = {"bench": "serve", "rows": rows}

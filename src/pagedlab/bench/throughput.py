@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids, timing_llm, torch_threads, write_rows_beside, wrote_line
 from pagedlab.bench.rounds import round_robin, spread
 from pagedlab.bench.workloads import sample_requests
 from pagedlab.errors import InvariantError
@@ -282,8 +282,6 @@ def system_jobs(
 
 def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
     """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png + .json. Torch: one thread."""
-    import torch
-
     from pagedlab.bench.priority import priority_section
     from pagedlab.bench.throughput_report import (
         ratios_table,
@@ -294,14 +292,11 @@ def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "f
         throughput_table,
     )
 
-    start, threads = time.perf_counter(), torch.get_num_threads()
+    start = time.perf_counter()
     show_priority = options.pop("priority_table", True)
     console.print(start_line(options))
-    torch.set_num_threads(TORCH_THREADS)
-    try:
+    with torch_threads(TORCH_THREADS):
         rows = throughput_rows(console, **options)
-    finally:
-        torch.set_num_threads(threads)
     console.print(throughput_table(rows))
     console.print(steps_table(rows))
     console.print(ratios_table(rows))

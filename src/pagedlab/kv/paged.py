@@ -58,8 +58,10 @@ class PagedKVCacheManager:
         """Free the request's blocks that lie wholly before every query's window from now on (vLLM's
         remove_skipped_blocks): this step's first query sits at num_computed_tokens and sees keys from
         num_computed_tokens - W + 1 on. The freed entries become the null block, tail first."""
+        if not self.sliding_window:  # (allocate_slots' first line, for every request at every step)
+            return
         blocks = self.req_to_blocks.get(request.request_id)
-        if not self.sliding_window or not blocks:
+        if not blocks:
             return
         skipped = max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
         freed = []
@@ -68,11 +70,7 @@ class PagedKVCacheManager:
                 break  # everything before it went in an earlier step
             freed.append(blocks[i])
             blocks[i] = self.null_block
-        self.release(request, freed)
-
-    def release(self, request: Request, blocks: list[KVCacheBlock]) -> None:
-        """Give up blocks `request` held (not the null block); stage 4 keeps them in its cache."""
-        self.pool.free(blocks)
+        self.pool.free(freed)  # a caching pool (stage 4) keeps them cached
 
     # BEGIN SOLUTION
     # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or

@@ -6,9 +6,6 @@ Read with: notebooks/08_online_serving.ipynb, chapters/08-online-serving.md.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import urllib.request
 
 
@@ -16,24 +13,10 @@ class BackgroundServer:
     """The real server (uvicorn, the FastAPI app, the engine thread) on a free port of 127.0.0.1."""
 
     def __init__(self, model: str = "tiny-shakespeare", chat_template: str | None = None, **engine_args):
-        import uvicorn
-
         from pagedlab.tools import serve
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.state = serve.build_state(model, engine_args, chat_template=chat_template)
-        config = uvicorn.Config(serve.create_app(self.state), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:  # bounded: the server binds in well under a second
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not start within 60 s")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.threaded = serve.ThreadedServer(serve.build_state(model, engine_args, chat_template=chat_template))
+        self.state, self.port, self.url = self.threaded.state, self.threaded.port, self.threaded.url
 
     def get(self, path: str) -> str:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
@@ -51,9 +34,7 @@ class BackgroundServer:
         return samples
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.state.engine.shutdown()
+        self.threaded.close()
 
 
 def mean_between(before: dict[str, float], after: dict[str, float], histogram: str) -> float:

@@ -251,12 +251,13 @@ async def _stream_events(state, request_id, created, first, outputs, chat: bool,
 # -- the command -----------------------------------------------------------------------------------
 
 
-def build_state(model: str, engine_args: dict, chat_template: str | None = None, live=None) -> ServerState:
+def build_state(model: str, engine_args: dict, chat_template: str | None = None, live=None, llm=None) -> ServerState:
+    """A server's state for `model` (a name or folder); `llm`: an LLM already built for it (a bench's)."""
     from pathlib import Path
 
     from pagedlab import LLM
 
-    llm = LLM(model, **engine_args)
+    llm = llm or LLM(model, **engine_args)
     if chat_template is not None and Path(chat_template).is_file():
         chat_template = Path(chat_template).read_text()
     engine = AsyncEngine(llm.engine, on_step=live)
@@ -264,6 +265,37 @@ def build_state(model: str, engine_args: dict, chat_template: str | None = None,
     metrics = MetricsExporter(engine, name)
     return ServerState(engine, name, llm.get_tokenizer(), llm.engine.config.max_model_len, chat_template, metrics,
                        time.time())  # fmt: skip
+
+
+class ThreadedServer:
+    """The app under uvicorn in a daemon thread on a free port of 127.0.0.1: for notebooks, benches and tests
+    (the command runs it in the main thread instead, with its signal handlers)."""
+
+    def __init__(self, state: ServerState, start_timeout: float = 60.0):
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.state = state
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(create_app(state), host="127.0.0.1", port=self.port, log_level="error")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + start_timeout
+        while not self.server.started:  # bounded: it binds in well under a second
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the server did not start within {start_timeout:g} s")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.state.engine.shutdown()
 
 
 def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> int:

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import torch
 
+from pagedlab.attention.base import LayerWindows
 from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.attention.triton.decode import DEFAULT_PARTITION_SIZE, paged_decode
 from pagedlab.attention.triton.prefill import paged_prefill
 from pagedlab.attention.triton.store import store_kv
 
 
-class TritonAttention:
+class TritonAttention(LayerWindows):
     """Same contract as the torch backends; reads K/V in place through the block table."""
 
     name = "triton"
-    windows: tuple[int | None, ...] = ()  # each layer's sliding window (set by stages.make_attention); () = none
-
-    def window(self, layer_idx: int) -> int | None:
-        return self.windows[layer_idx] if self.windows else None
 
     def __init__(
         self,
