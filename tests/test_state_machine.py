@@ -11,6 +11,10 @@ runs, is mid-prefill, is swapped out, or is an n > 1 or beam group. After every 
   forgets every id;
 - every request that was not aborted equals the oracle token for token (the near-tie rule of
   tests/equivalence.py); an aborted one holds a prefix of the oracle's tokens.
+
+With `debug_checks` the engine also compares the runner's block tables with the KV manager's after
+every forward pass. The programs must reach the corner that once broke them, a request forked (an n = 2
+follower, a new beam) and preempted in the same step; the stage-2-to-5 test fails if none does.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from hypothesis.stateful import (
 from pagedlab import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams, load_model, oracle
 from tests.conftest import need_triton
 from tests.equivalence import NEAR_TIE, assert_matches_oracle
+from tests.sched.test_continuous import forks_preempted_in_their_step, pending_forks
 from tests.test_stage3 import assert_beams_match
 
 MAX_MODEL_LEN = 48
@@ -43,6 +48,7 @@ PROMPTS = [
     "KING RICHARD III:\nNow is the winter",
     "KING RICHARD III:\nNow is the winter of our",  # shares most blocks with the one above
 ]
+REACHED = {"fork preempted in its step": 0}  # the corner that once broke the runner's tables (stage 5)
 # A request that can never be admitted is refused at the door; the machine then moves on.
 NEVER_FITS = ("num_kv_blocks:", "n:", "prompt:", "beam_width:")
 
@@ -84,11 +90,11 @@ def _build_rule(stages: tuple[int, ...]):
 
     @initialize(
         stage=st.sampled_from(stages),
-        block_size=st.sampled_from([1, 2, 4]),
+        block_size=st.sampled_from([1, 2, 3, 4]),
         pool=st.sampled_from([1.0, 1.5, 2.0]),  # the pool holds this many requests of max_model_len tokens
-        max_num_seqs=st.integers(1, 4),
+        max_num_seqs=st.integers(2, 4),
         budget=st.sampled_from([16, 64]),
-        threshold=st.sampled_from([0, 3]),
+        threshold=st.sampled_from([0, 1, 3]),  # 1: one-token chunks put a fork in many different steps
         swap=st.booleans(),
         priority=st.booleans(),
         caching=st.booleans(),
@@ -131,7 +137,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(
         prompt=st.sampled_from(PROMPTS),
         max_tokens=st.integers(1, 8),
-        n=st.sampled_from([1, 1, 2]),
+        n=st.sampled_from([1, 2, 2]),
         seed=st.one_of(st.none(), st.integers(0, 99)),  # None: greedy; else seeded sampling
         priority=st.integers(0, 2),
     )
@@ -161,7 +167,10 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self):
-        for out in self.engine.step():
+        forks = pending_forks(self.engine.scheduler)
+        outputs = self.engine.step()
+        REACHED["fork preempted in its step"] += bool(forks_preempted_in_their_step(self.engine.scheduler, forks))
+        for out in outputs:
             assert out.request_id in self.live, f"an output for {out.request_id}, which is not live"
             if out.finished:
                 self.ended[out.request_id] = out
@@ -232,7 +241,9 @@ SETTINGS = settings(
 @pytest.mark.stage5
 @pytest.mark.slow
 def test_random_programs_at_stages_2_to_5():
+    REACHED["fork preempted in its step"] = 0
     run_state_machine_as_test(EngineMachine, settings=SETTINGS)
+    assert REACHED["fork preempted in its step"] > 0, "no program forked a request and preempted it in one step"
 
 
 @pytest.mark.stage6

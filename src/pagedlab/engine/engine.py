@@ -125,6 +125,8 @@ class LLMEngine:
         forward_before = self.runner.forward_seconds
         scheduler_output = self.scheduler.schedule()
         sampled = self.runner.execute(scheduler_output)
+        if self.config.debug_checks:
+            self._check_runner_tables()
         snapshot = self._snapshot(scheduler_output) if self.config.record_trace else None
         update = self.scheduler.update(scheduler_output, sampled)
         outputs = self._finish_step(update.advanced, update.finished_beams)
@@ -161,6 +163,13 @@ class LLMEngine:
             snapshot.finished = [r.request_id for r in advanced if r.status.is_finished()]
             snapshot.finish_reasons = {r.request_id: r.status.finish_reason for r in advanced if r.status.is_finished()}
             self.trace.append(snapshot)
+
+    def _check_runner_tables(self) -> None:
+        """The tables the forward pass just used are the KV manager's, for every running request."""
+        kv = self.kv_manager
+        tables = {r.request_id: kv.get_block_ids(r) for r in self.scheduler.running}
+        null = kv.null_block.block_id if kv.null_block is not None else None
+        self.runner.block_tables.check_matches(tables, null)
 
     def _snapshot(self, so) -> StepTrace:
         return StepTrace.capture(self.stats.num_steps + 1, self._now(), so, self.scheduler, self.kv_manager)

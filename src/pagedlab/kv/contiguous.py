@@ -32,6 +32,7 @@ class ContiguousKVCacheManager:
 
     prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
     prefix_cache_hits = 0  # of those, tokens found cached
+    null_block = None  # no sliding window before stage 2
 
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size

@@ -115,6 +115,11 @@ class Scheduler:
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         if out.total_num_scheduled_tokens > self.config.max_num_batched_tokens:
             raise InvariantError(f"{out.total_num_scheduled_tokens} tokens scheduled: the token budget is exceeded")
+        if out.preempted_req_ids:
+            sent = out.num_scheduled_tokens.keys() | out.new_block_tables.keys() | out.new_block_ids.keys()
+            sent |= {c.request_id for c in out.block_copies}
+            if sent & out.preempted_req_ids:
+                raise InvariantError(f"{sorted(sent & out.preempted_req_ids)}: preempted, yet sent to the runner")
         return out
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> SchedulerUpdate:

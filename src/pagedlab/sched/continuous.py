@@ -122,11 +122,12 @@ class ContinuousScheduler(Scheduler):
         """(tokens to feed now, prefix-cache hits, free blocks it takes) for one member of a group."""
         if self.sharing.waits_for_fork(request):
             return 0, [], 0
+        target = self.sharing.target_tokens(request)  # a leader still stops one short of its prompt
         if self.kv.is_swapped(request):  # resumes where it stopped, once its blocks are back
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(target - request.num_computed_tokens, budget)
             return num_new, [], self.kv.blocks_to_swap_in(request, num_new)
         hits = self.kv.get_computed_blocks(request)
-        num_new = self._chunk(self.sharing.target_tokens(request) - len(hits) * self.kv.block_size, budget)
+        num_new = self._chunk(target - len(hits) * self.kv.block_size, budget)
         return num_new, hits, self.kv.blocks_to_admit(request, hits, num_new)
 
     def _admit(self, request: Request, hits: list, out: SchedulerOutput) -> None:
@@ -142,12 +143,14 @@ class ContinuousScheduler(Scheduler):
         self._send_table(request, out)
 
     # BEGIN SOLUTION
-    # TASK preempt (35 pts): choose the victim (FCFS: the newest; priority: the least urgent), preempt its whole
-    # group (swap out if asked and it fits, else recompute), refund tokens it was given this step, admit nobody after.
+    # TASK preempt (35 pts): choose the victim (FCFS: the newest; priority: the largest (priority, arrival, id)),
+    # preempt its whole group (swap out if asked and it fits, else recompute), refund tokens it was given this step,
+    # withdraw any table sent for it this step (a fork's), admit nobody after.
     def _victim_group(self) -> list[Request]:
-        """FCFS: the newest running request's group; priority: the group of the largest (priority, arrival)."""
+        """FCFS: the newest running request's group; priority: the group of the largest (priority, arrival,
+        request id), the waiting queue's own order, so the most urgent request always makes progress."""
         if self.config.scheduling_policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time, r.request_id))
         else:
             victim = self.running[-1]
         return [r for r in self.running if r.group_id == victim.group_id]
@@ -161,7 +164,8 @@ class ContinuousScheduler(Scheduler):
                 self._budget += out.num_scheduled_tokens.pop(request.request_id)
                 out.scheduled.remove(request)
                 out.new_block_ids.pop(request.request_id, None)
-                out.new_block_tables.pop(request.request_id, None)
+            # A table sent this step (a fork, a resend) is about to be freed: the runner must never install it.
+            out.new_block_tables.pop(request.request_id, None)
             self.running.remove(request)
             if swap:
                 out.swap_out += self.kv.swap_out(request)

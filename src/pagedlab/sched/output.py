@@ -13,6 +13,10 @@ manager never knows that a runner exists:
     block_copies       copy-on-write: entry `index` of a table now names a private copy of a shared block
     finished_req_ids, preempted_req_ids   rows the runner drops (a preempted request comes back whole)
 
+A request preempted in a step appears in none of that step's other fields:
+its blocks are already freed, so a table sent for it earlier in the same
+schedule() (a fork, a prefix-cache admission) is withdrawn, never installed.
+
 vLLM: vllm/v1/core/sched/output.py (SchedulerOutput, NewRequestData, CachedRequestData),
 vllm/v1/outputs.py (ModelRunnerOutput).
 """

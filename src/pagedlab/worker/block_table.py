@@ -17,7 +17,14 @@ vLLM: vllm/v1/worker/block_table.py (BlockTable; a pinned CPU buffer copied to t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from pagedlab.errors import InvariantError
+
+if TYPE_CHECKING:
+    from pagedlab.sched.output import SchedulerOutput
 
 
 class BlockTableBuffer:
@@ -29,6 +36,19 @@ class BlockTableBuffer:
         self.num_blocks = np.zeros(rows, dtype=np.int64)  # [rows] valid entries of each row
         self.row_of: dict[str, int] = {}  # request_id -> row
         self.free_rows = list(range(rows - 1, -1, -1))
+
+    def apply(self, so: SchedulerOutput) -> None:
+        """One step's changes, in the order that keeps every row true (sched/output.py): rows that ended or
+        were preempted go first (their ids may come back in this very output), then whole tables, then the
+        blocks appended, then copy-on-write replacements."""
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            self.remove(req_id)
+        for req_id, block_ids in so.new_block_tables.items():
+            self.set_table(req_id, block_ids)
+        for req_id, block_ids in so.new_block_ids.items():
+            self.append(req_id, block_ids)
+        for copy in so.block_copies:
+            self.replace(copy.request_id, copy.index, copy.dst)
 
     def set_table(self, req_id: str, block_ids: list[int]) -> None:
         """A request's whole table, as admission, a swap-in or a fork made it."""
@@ -49,6 +69,24 @@ class BlockTableBuffer:
         row = self.row_of.pop(req_id, None)
         if row is not None:
             self.free_rows.append(row)
+
+    def get(self, req_id: str) -> list[int]:
+        """The request's table as the runner holds it (empty for a request it does not know)."""
+        row = self.row_of.get(req_id)
+        return [] if row is None else self.table[row, : self.num_blocks[row]].tolist()
+
+    def check_matches(self, tables: dict[str, list[int]], null_block_id: int | None) -> None:
+        """debug_checks: the runner's rows are exactly the given requests' true tables (the KV manager's).
+        An entry the KV manager has set to the null block (a sliding window dropped it) is never read, so
+        the runner may keep the old id there, as vLLM's runner does."""
+        stale = self.row_of.keys() - tables.keys()
+        if stale:
+            raise InvariantError(f"the runner keeps rows for requests that are not running: {sorted(stale)}")
+        for req_id, true_table in tables.items():
+            held = self.get(req_id)
+            same = len(held) == len(true_table) and all(h == t or t == null_block_id for h, t in zip(held, true_table))
+            if not same:
+                raise InvariantError(f"{req_id}: the runner's block table {held} is not the KV manager's {true_table}")
 
     def gather(self, req_ids: list[str]) -> np.ndarray:
         return self.table[[self.row_of[r] for r in req_ids]]  # [B, MB]

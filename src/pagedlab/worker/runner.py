@@ -60,15 +60,7 @@ class ModelRunner:
 
     def _update_block_tables(self, so: SchedulerOutput) -> None:
         """Keep the runner's tables from what the scheduler sent (sched/output.py), then move K/V data."""
-        tables = self.block_tables
-        for req_id in so.finished_req_ids | so.preempted_req_ids:
-            tables.remove(req_id)
-        for req_id, block_ids in so.new_block_tables.items():
-            tables.set_table(req_id, block_ids)
-        for req_id, block_ids in so.new_block_ids.items():
-            tables.append(req_id, block_ids)
-        for copy in so.block_copies:
-            tables.replace(copy.request_id, copy.index, copy.dst)
+        self.block_tables.apply(so)
         if so.swap_out:
             self.swap_blocks(so.swap_out, to_cpu=True)
         if so.block_copies:
