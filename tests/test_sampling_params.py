@@ -41,3 +41,20 @@ def test_invalid_beam_params(kwargs, field):
     base = {"beam_width": 2, "max_tokens": 4} | kwargs
     with pytest.raises(ValueError, match=rf"BeamSearchParams\.{field}"):
         BeamSearchParams(**base)
+
+
+def test_a_top_k_beyond_the_vocabulary_samples_as_top_k_off():
+    """vLLM accepts any top_k >= 1 and clamps it to the vocabulary; 10**20 once overflowed int64 in the sampler,
+    inside an engine step."""
+    import torch
+
+    from pagedlab.worker.sampling import sample
+
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
+    huge, off = SamplingParams(top_k=10**20, seed=3), SamplingParams(top_k=0, seed=3)
+    assert sample(logits, [huge, huge], [3, 4], [0, 0]).tolist() == sample(logits, [off, off], [3, 4], [0, 0]).tolist()
+
+
+def test_a_stop_string_must_be_text():
+    with pytest.raises(ValueError, match="SamplingParams.stop must be valid Unicode text"):
+        SamplingParams(stop=["ok", "\ud800"])

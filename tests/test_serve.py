@@ -169,7 +169,7 @@ def test_metrics_are_prometheus_text_with_vllms_names(server):
         ({"prompt": "R" * 5000}, "prompt"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": "ROMEO:", "priority": "high"}, "priority"),
-        ({"prompt": "ROMEO:", "logprobs": 2}, "logprobs"),
+        ({"prompt": "ROMEO:", "logprobs": -1}, "logprobs"),
     ],
 )
 def test_a_bad_request_is_400_with_openais_error_and_disturbs_nobody(server, body, param):

@@ -109,6 +109,11 @@ def _as_stop_strings(stop) -> list[str]:
     strings = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
     if strings is None or any(not isinstance(s, str) or not s for s in strings):
         raise ValueError(f"SamplingParams.stop must be a non-empty string or a list of them, got {stop!r}")
+    for s in strings:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"SamplingParams.stop must be valid Unicode text (a lone surrogate in {s!r})") from None
     return strings
 
 

@@ -1,8 +1,13 @@
-"""Chat templates: rendered as transformers renders them, sandboxed, and LLM.chat answers through them."""
+"""Chat templates: rendered as transformers renders them, sandboxed and bounded, and LLM.chat answers through
+them."""
+
+import os
+import re
 
 import pytest
 
 from pagedlab import LLM, SamplingParams
+from pagedlab.model import chat_template
 from pagedlab.model.gguf import convert_gguf
 from pagedlab.model.tokenizer import Tokenizer
 from tests.model.gguf_files import CHATML, write_tiny_gguf
@@ -76,11 +81,50 @@ def test_templates_are_sandboxed_and_bad_ones_are_value_errors(folder):
     for bad, message in [
         ([], "conversation: expected a non-empty list"),
         ([{"role": "user"}], r"conversation\[0\]: expected a dict with 'role' and 'content'"),
-        ([{"role": "robot", "content": "x"}], r"conversation\[0\]: role 'robot' is not one of"),
+        ([{"role": "", "content": "x"}], r"conversation\[0\]: role must be a non-empty string"),
         ([{"role": "user", "content": 3}], r"conversation\[0\]: content must be a string"),
+        ([{"role": "user", "content": "x\ud800"}], r"conversation\[0\]: not valid Unicode text \(a lone surrogate"),
     ]:
         with pytest.raises(ValueError, match=message):
             tok.apply_chat_template(bad, tokenize=False)
+
+
+def test_any_role_is_rendered_as_vllm_and_transformers_render_it(folder):
+    from transformers import AutoTokenizer
+
+    conversation = [{"role": "narrator", "content": "Enter ROMEO."}, {"role": "user", "content": "Hi"}]
+    ours, theirs = Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+    text = ours.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
+    assert text == theirs.apply_chat_template(conversation, chat_template=CHATML, tokenize=False)
+    assert "<|im_start|>narrator\nEnter ROMEO.<|im_end|>" in text
+
+
+@pytest.mark.parametrize(
+    "template, words",
+    [
+        ("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "longer than 1 s"),
+        ("{% for a in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", "exceeds 4194304 characters"),
+        ("{% set x = 'x' * 10**9 %}{{ x }}", "needed more than 512 MiB"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+        ("{{ 2.0 ** 10000 }}", "OverflowError"),
+        ("{{ messages + 1 }}", "TypeError"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+    ],
+)
+def test_a_template_is_bounded_in_time_and_size_and_every_failure_names_chat_template(
+    folder, monkeypatch, template, words
+):
+    """The template runs in a worker process of its own (model/template_worker.py); whatever it does, the
+    caller gets a ValueError naming chat_template, and the next rendering works (a fresh worker if needed)."""
+    monkeypatch.setattr(chat_template, "RENDER_TIMEOUT_S", 1.0)
+    tok = Tokenizer.from_folder(folder)
+    with pytest.raises(ValueError, match=f"^chat_template: .*{re.escape(words)}"):
+        tok.apply_chat_template(CONVERSATIONS[0], chat_template=template, tokenize=False)
+    assert (
+        tok.apply_chat_template(CONVERSATIONS[0], chat_template="{{ messages[0].content }}", tokenize=False)
+        == (CONVERSATIONS[0][0]["content"])
+    )
+    assert chat_template._WORKER.proc.pid != os.getpid()
 
 
 def test_llm_chat_answers_one_conversation_or_many_as_generate_would(folder):
@@ -103,8 +147,8 @@ def test_llm_chat_refuses_bad_input_before_queuing_anything(folder):
     llm = LLM(str(folder), stage=5)
     with pytest.raises(ValueError, match="messages: expected a conversation"):
         llm.chat([], use_tqdm=False)
-    with pytest.raises(ValueError, match="role 'robot'"):  # the second conversation is bad: none is queued
-        llm.chat([CONVERSATIONS[0], [{"role": "robot", "content": "x"}]], use_tqdm=False)
+    with pytest.raises(ValueError, match="content must be a string"):  # the second one is bad: none is queued
+        llm.chat([CONVERSATIONS[0], [{"role": "user", "content": None}]], use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="chat_template: this tokenizer has none"):
         LLM().chat(CONVERSATIONS[0], use_tqdm=False)  # the bundled model is not a chat model
@@ -124,3 +168,17 @@ def test_prompt_dicts_are_checked(folder):
     ]:
         with pytest.raises(ValueError, match=message):
             llm.generate(bad, params, use_tqdm=False)
+
+
+def test_a_chat_template_argument_is_a_file_or_the_template_itself(tmp_path):
+    """`--chat-template` as vLLM reads it: text with `{`, `}` or a line break is the template; anything else
+    is a path, which must name a regular file of at most 1 MiB."""
+    (tmp_path / "t.jinja").write_text(CHATML)
+    assert chat_template.load_chat_template(str(tmp_path / "t.jinja")) == CHATML
+    assert chat_template.load_chat_template("{{ messages[0].content }}") == "{{ messages[0].content }}"
+    assert chat_template.load_chat_template(None) is None
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big.jinja").write_bytes(b"x" * (chat_template.MAX_TEMPLATE_CHARS + 1))
+    for path, words in [("missing.jinja", "is missing"), ("fifo", "a FIFO"), ("big.jinja", "over the 1 MiB limit")]:
+        with pytest.raises(ValueError, match=f"^chat_template: .* looks like a file's path, but .*{words}"):
+            chat_template.load_chat_template(str(tmp_path / path))

@@ -100,9 +100,9 @@ class AsyncEngine:
         stream = _Stream(loop, time.monotonic())
         accepted = loop.create_future()
         self._submit(("add", request_id, prompt, params, priority, cache_salt, stream, accepted))
-        await accepted  # raises the ValueError of add_request
         finished = False
         try:
+            await accepted  # raises the ValueError of add_request
             while True:
                 out = await stream.queue.get()
                 if isinstance(out, Exception):
@@ -112,11 +112,11 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
-            if not finished:
-                self.abort(request_id)
+            if not finished:  # closed early, or cancelled (even before its add was taken: commands keep order)
+                self._submit(("abort", request_id, stream))
 
     def abort(self, request_id: str) -> None:
-        self._submit(("abort", request_id))
+        self._submit(("abort", request_id, None))
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the loop after the step in progress; requests still running are aborted."""
@@ -156,9 +156,10 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "abort":
-                if command[1] in self._streams:
-                    self.engine.abort_request(command[1])
+            if command[0] == "abort":  # a stream's own abort never ends another request that has its id
+                _, request_id, stream = command
+                if request_id in self._streams and stream in (None, self._streams[request_id]):
+                    self.engine.abort_request(request_id)
                 continue
             _, request_id, prompt, params, priority, cache_salt, stream, accepted = command
             try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
+from pagedlab.model.chat_template import check_text
 from pagedlab.model.memory import check_memory
 from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.request import Request, max_output_tokens
@@ -57,6 +58,7 @@ def check_prompt(prompt, tokenizer: Tokenizer | None, vocab_size: int, max_model
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt: empty prompt")
+        check_text(prompt, "prompt")
         if tokenizer is None:
             raise ValueError("prompt: this model folder has no tokenizer.json; pass token ids instead of text")
         text, ids = prompt, tokenizer.encode(prompt)
@@ -70,7 +72,10 @@ def check_prompt(prompt, tokenizer: Tokenizer | None, vocab_size: int, max_model
     if bad:
         raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0 .. {vocab_size - 1})")
     if len(ids) >= max_model_len:
-        raise ValueError(f"prompt: {len(ids)} tokens leave no room for output within max_model_len ({max_model_len})")
+        raise ValueError(
+            f"prompt: This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{len(ids)} input tokens, which leaves no room for any output token (max_model_len)."
+        )
     return text, ids
 
 
@@ -128,6 +133,8 @@ def check_request_options(config: EngineConfig, priority, cache_salt, arrival_ti
         )
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValueError(f"cache_salt: expected a string, got {cache_salt!r}")
+    if cache_salt is not None:
+        check_text(cache_salt, "cache_salt")
     if cache_salt is not None and not config.enable_prefix_caching:
         raise ValueError(f"cache_salt: needs prefix caching ({introduced_by('enable_prefix_caching')}, enabled)")
     real = isinstance(arrival_time, (int, float)) and not isinstance(arrival_time, bool)

@@ -10,59 +10,146 @@ sees, so the engine itself never knows about roles. The template comes with the 
 whoever published it: it is rendered in jinja2's immutable sandbox, which refuses attribute access
 to Python internals and any mutation of the objects passed in, as transformers does
 (transformers/utils/chat_template_utils.py) and vLLM after it (vllm/renderers/chat_utils/chat_template.py).
+
+The sandbox does not bound time or size: two nested loops never end, and a loop of string
+repetitions fills the memory. So the template runs in a worker process of its own
+(model/template_worker.py), one per Python process, started on first use: limited to
+512 MiB of address space and MAX_RENDER_CHARS of output, and killed (then restarted on the next
+render) when it takes longer than RENDER_TIMEOUT_S. Every failure, whatever the template did,
+is a ValueError that starts with "chat_template:".
+
+    render(template, messages) --frame--> worker: compile (cached), generate, count characters
+                   <--frame-- {"text"} | {"error"}     no frame before the deadline: kill
 """
 
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
-ROLES = ("system", "user", "assistant", "tool")
+MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's source; real ones are a few KB
+MAX_RENDER_CHARS = 1 << 22  # a rendered prompt; far beyond any model's context
+RENDER_TIMEOUT_S = 5.0  # a rendering takes milliseconds; past this it is killed
+
+
+def check_text(value: str, name: str) -> str:
+    """A user string must be valid Unicode text: a lone surrogate ("\\ud800" in JSON) has no UTF-8 form."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name}: not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return value
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A `--chat-template` argument, as vLLM reads it: a file's path, or (if it has `{`, `}` or a line break)
+    the template itself. A path must name a regular file of at most MAX_TEMPLATE_CHARS bytes."""
+    from pagedlab.model.files import read_bounded
+
+    if value is None or any(c in value for c in "{}\n"):
+        return value
+    try:
+        return read_bounded(Path(value), "chat template", MAX_TEMPLATE_CHARS).decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"chat_template: {value!r} looks like a file's path, but cannot be read: {e}") from None
 
 
 def check_conversation(messages, name: str = "messages") -> list[dict]:
-    """A conversation is a non-empty list of {"role": str, "content": str} dicts; anything else is a ValueError."""
+    """A conversation is a non-empty list of {"role": str, "content": str} dicts; anything else is a ValueError.
+    Any role is accepted, as vLLM and transformers accept it: the template decides what a role means."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"{name}: expected a non-empty list of {{'role', 'content'}} dicts, got {messages!r:.80}")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise ValueError(f"{name}[{i}]: expected a dict with 'role' and 'content', got {m!r:.80}")
-        if m["role"] not in ROLES:
-            raise ValueError(f"{name}[{i}]: role {m['role']!r} is not one of {ROLES}")
+        if not isinstance(m["role"], str) or not m["role"]:
+            raise ValueError(f"{name}[{i}]: role must be a non-empty string, got {m['role']!r:.80}")
         if not isinstance(m["content"], str):
             raise ValueError(f"{name}[{i}]: content must be a string, got {type(m['content']).__name__}")
+        check_text(m["role"], f"{name}[{i}]")
+        check_text(m["content"], f"{name}[{i}]")
     return [dict(m) for m in messages]
 
 
 def render(template: str, messages: list[dict], add_generation_prompt: bool = False, **context) -> str:
     """The template applied to the messages (and any extra variables, e.g. bos_token), as text."""
-    from jinja2 import TemplateError
-
+    if not isinstance(template, str) or len(template) > MAX_TEMPLATE_CHARS:
+        raise ValueError(f"chat_template: expected a string of at most {MAX_TEMPLATE_CHARS} characters")
+    job = {"template": check_text(template, "chat_template"), "messages": messages, "context": context,
+           "add_generation_prompt": add_generation_prompt, "max_chars": MAX_RENDER_CHARS}  # fmt: skip
     try:
-        return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **context)
-    except TemplateError as e:
-        raise ValueError(f"chat_template: {type(e).__name__}: {e}") from None
+        reply = _WORKER.run(job, RENDER_TIMEOUT_S)
+    except TypeError as e:  # a context value JSON cannot carry
+        raise ValueError(f"chat_template: the template's variables must be plain data ({e})") from None
+    if "error" in reply:
+        raise ValueError(f"chat_template: {reply['error']}")
+    return reply["text"]
 
 
-@lru_cache(maxsize=8)
-def _compile(template: str):
-    from jinja2 import TemplateSyntaxError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+class _Worker:
+    """One worker process, shared by every render of this process (one at a time). Invariant: `proc` is None or
+    a live worker of this process waiting for its next frame."""
 
-    # trim_blocks/lstrip_blocks: a template's own line breaks around {% ... %} are not output (as transformers).
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-        x, indent=indent, ensure_ascii=ensure_ascii
-    )
-    env.globals["raise_exception"] = _raise
-    try:
-        return env.from_string(template)
-    except TemplateSyntaxError as e:
-        raise ValueError(f"chat_template: not a valid Jinja template (line {e.lineno}: {e.message})") from None
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.pid = os.getpid()  # a forked child must not share its parent's worker
+        self.lock = threading.Lock()
+
+    def run(self, job: dict, timeout: float) -> dict:
+        frame = json.dumps(job, ensure_ascii=True).encode()
+        with self.lock:
+            if self.proc is None or self.pid != os.getpid():
+                self._start()
+            try:
+                self.proc.stdin.write(struct.pack(">I", len(frame)) + frame)
+                self.proc.stdin.flush()
+                reply = json.loads(self._read_frame(time.monotonic() + timeout))
+            except TimeoutError:
+                self._stop()
+                raise ValueError(f"chat_template: rendering took longer than {timeout:g} s, stopped") from None
+            except (OSError, EOFError) as e:
+                self._stop()
+                raise ValueError(f"chat_template: the renderer stopped ({e})") from None
+            if reply.get("fatal"):
+                self._stop()
+            return reply
+
+    def _start(self) -> None:
+        script = Path(__file__).with_name("template_worker.py")
+        # -I: no PYTHON* variables, no user site, not even the script's folder on sys.path
+        self.proc = subprocess.Popen([sys.executable, "-I", str(script)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.pid = os.getpid()
+
+    def _read_frame(self, deadline: float) -> bytes:
+        (size,) = struct.unpack(">I", self._read(4, deadline))
+        return self._read(size, deadline)
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        """Exactly n bytes of the worker's stdout before `deadline`, or TimeoutError / EOFError."""
+        fd, data = self.proc.stdout.fileno(), b""
+        while len(data) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise EOFError(f"exit code {self.proc.poll()}")
+            data += chunk
+        return data
+
+    def _stop(self) -> None:
+        if self.proc is not None and self.pid == os.getpid():
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
 
 
-def _raise(message: str):
-    from jinja2 import TemplateError
-
-    raise TemplateError(message)
+_WORKER = _Worker()

@@ -1,6 +1,7 @@
 """`pagedlab serve`: an OpenAI-compatible HTTP server around one engine loop (chapters/08-online-serving.md).
 
-Builds on: engine/async_engine.py (the engine thread), tools/serve_metrics.py (/metrics, --explain-metrics).
+Builds on: engine/async_engine.py (the engine thread), tools/serve_protocol.py (requests checked, responses
+built), tools/serve_metrics.py (/metrics, --explain-metrics).
 Read with: chapters/08-online-serving.md.
 
     GET  /health                   200 while the engine loop runs
@@ -10,10 +11,12 @@ Read with: chapters/08-online-serving.md.
     GET  /metrics                  Prometheus text with vLLM's metric names
     GET  /metrics/explain          in words: why the prefix-cache hit rate is what it is
 
-A request's fields are checked before it is queued; a bad one gets HTTP 400 with
-OpenAI's error JSON ({"error": {"message", "type", "param", "code"}}) and the
-requests already running never notice. A client that closes its stream has its
-request aborted, and its blocks freed, in the engine's next loop.
+A request's body (at most --max-body-bytes) and fields are checked before it is
+queued, and its prompt is rendered and tokenized in a worker thread, never on the
+event loop or the engine thread; a bad one gets HTTP 400 with OpenAI's error JSON
+({"error": {"message", "type", "param", "code"}}) and the requests already running
+never notice. A client that goes away, streaming or not, has its request aborted,
+and its blocks freed, in the engine's next loop.
 vLLM: vllm/entrypoints/openai/api_server.py and its serving_*.py files.
 """
 
@@ -22,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,21 +33,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from pagedlab.engine.async_engine import AsyncEngine
-from pagedlab.sampling_params import SamplingParams
+from pagedlab.model.chat_template import load_chat_template
+from pagedlab.sampling_params import SamplingParams  # noqa: F401  (tests build params through this module)
+from pagedlab.tools import serve_protocol as api
 from pagedlab.tools.serve_metrics import MetricsExporter, explain_hit_rate
-
-
-class BadRequest(ValueError):
-    """A client's mistake: HTTP 400 (or `status`), OpenAI's error JSON, naming the field when one is at fault."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.param, self.status = param, status
-
-
-# Request fields passed to SamplingParams as they are (OpenAI's names, plus vLLM's extras).
-SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
-DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+from pagedlab.tools.serve_protocol import BadRequest
 
 
 @dataclass
@@ -57,6 +49,7 @@ class ServerState:
     chat_template: str | None
     metrics: MetricsExporter
     started: float
+    max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES  # a longer request body is refused (413) unread
     ids: itertools.count = field(default_factory=itertools.count)
 
 
@@ -66,7 +59,7 @@ def create_app(state: ServerState):
 
     @app.exception_handler(BadRequest)
     async def bad_request(_request, exc: BadRequest):
-        kind = "NotFoundError" if exc.status == 404 else "BadRequestError"
+        kind = {404: "NotFoundError", 413: "RequestTooLargeError"}.get(exc.status, "BadRequestError")
         body = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}}
         return JSONResponse(body, status_code=exc.status)
 
@@ -90,181 +83,192 @@ def create_app(state: ServerState):
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _json(request)
-        prompt = _completion_prompt(body)
-        return await _serve(state, body, prompt, chat=False)
+        body = await api.read_json(request, state.max_body_bytes)
+        prompt = api.completion_prompt(body)
+        prompt = await asyncio.to_thread(_tokenized, state, prompt)  # never on the engine thread, never here
+        return await _serve(state, request, body, prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _json(request)
-        prompt = _chat_prompt(state, body)
-        return await _serve(state, body, prompt, chat=True)
+        body = await api.read_json(request, state.max_body_bytes)
+        messages = api.chat_messages(body)
+        prompt = await asyncio.to_thread(_chat_prompt, state, messages)  # the template runs bounded, off the loop
+        return await _serve(state, request, body, prompt, chat=True)
 
     return app
 
 
-async def _json(request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except ValueError as e:
-        raise BadRequest(f"the request body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-def _completion_prompt(body: dict):
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # one prompt in a list, as the openai client may send it
-    if isinstance(prompt, str) and prompt:
+def _tokenized(state: ServerState, prompt) -> dict | list[int]:
+    """A text prompt as {"prompt", "prompt_token_ids"}, its length checked before anything is queued (a text
+    that cannot fit is refused by its length in characters first, as vLLM does, without tokenizing it)."""
+    if isinstance(prompt, list):
+        if len(prompt) >= state.max_model_len:
+            raise api.too_long(len(prompt), state.max_model_len)
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise BadRequest("prompt: expected a non-empty string or a list of token ids (one prompt per request)", "prompt")
+    tokenizer = state.tokenizer
+    if tokenizer is None:
+        return prompt  # the engine refuses text for a model without a tokenizer, with its own message
+    bound = (state.max_model_len - 1) * tokenizer.max_chars_per_token
+    if len(prompt) > bound:
+        raise BadRequest(
+            f"prompt: This model's maximum context length is {state.max_model_len} tokens. However, your prompt "
+            f"contains {len(prompt)} characters (more than {bound} characters, which is the upper bound for "
+            f"{state.max_model_len - 1} input tokens). Please reduce the length of the input prompt.",
+            "prompt",
+        )
+    ids = tokenizer.encode(prompt)
+    if len(ids) >= state.max_model_len:
+        raise api.too_long(len(ids), state.max_model_len)
+    return {"prompt": prompt, "prompt_token_ids": ids}
 
 
-def _chat_prompt(state: ServerState, body: dict) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages: expected a non-empty list of {'role', 'content'}", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise BadRequest(f"messages[{i}]: expected {{'role': str, 'content': str}}", "messages")
+def _chat_prompt(state: ServerState, messages: list[dict]) -> list[int]:
     if state.tokenizer is None:
         raise BadRequest("messages: this model has no tokenizer, so it has no chat template", "messages")
     try:
         text = state.tokenizer.apply_chat_template(
             messages, chat_template=state.chat_template, tokenize=False, add_generation_prompt=True
         )
-    except ValueError as e:
-        raise BadRequest(f"messages: {e}", "messages") from None
-    return state.tokenizer.encode(text, add_special_tokens=False)
+    except ValueError as e:  # "chat_template: ..." whatever the template did
+        raise BadRequest.of(e) from None
+    ids = state.tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) >= state.max_model_len:
+        raise api.too_long(len(ids), state.max_model_len)
+    return ids
 
 
-def sampling_params(body: dict, chat: bool) -> SamplingParams:
-    """OpenAI's request fields as SamplingParams; a wrong one is a BadRequest naming it."""
-    kwargs = {name: body[name] for name in SAMPLING_FIELDS if body.get(name) is not None}
-    limit = body.get("max_completion_tokens", body.get("max_tokens")) if chat else body.get("max_tokens")
-    kwargs["max_tokens"] = (None if chat else DEFAULT_MAX_TOKENS) if limit is None else limit
-    if body.get("logprobs"):
-        raise BadRequest("logprobs: not served by pagedlab's server (LLM.generate returns them)", "logprobs")
-    try:
-        return SamplingParams(**kwargs)
-    except (ValueError, TypeError) as e:
-        raise BadRequest(str(e), param_of(str(e))) from None
-
-
-def param_of(message: str) -> str | None:
-    """The field a ValueError names ("SamplingParams.top_p must ...", "prompt: ..."), as OpenAI's `param`."""
-    match = re.match(r"(?:SamplingParams\.)?([a-z_]+)(?=[ :.])", message)
-    return match.group(1) if match else None
-
-
-async def _serve(state: ServerState, body: dict, prompt, chat: bool):
+async def _serve(state: ServerState, request: Request, body: dict, prompt, chat: bool):
     model = body.get("model")
     if model is not None and model != state.model_name:
         served = state.model_name
         raise BadRequest(f"model: The model `{model}` does not exist (this server serves `{served}`).", "model")
-    params = sampling_params(body, chat)
-    priority, salt = body.get("priority", 0), body.get("cache_salt")
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise BadRequest(f"priority: expected an integer, got {priority!r}", "priority")
+    stream, include_usage = api.stream_options(body)
+    params = api.sampling_params(body, chat)
+    priority, salt = api.priority_and_salt(body)
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(state.ids)}-{uuid.uuid4().hex[:6]}"  # short: the live view
     outputs = state.engine.generate(request_id, prompt, params, priority=priority, cache_salt=salt)
-    try:
-        first = await outputs.__anext__()  # the ValueError of a bad request comes here, before any byte is sent
+    try:  # the ValueError of a bad request comes here, before any byte is sent
+        first = await _unless_disconnected(request, outputs.__anext__())
     except ValueError as e:
-        raise BadRequest(str(e), param_of(str(e))) from None
+        raise BadRequest.of(e) from None
+    if first is None:
+        return Response(status_code=499)  # the client left while its request waited: aborted
     created = int(time.time())
-    if body.get("stream"):
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = _stream_events(state, request_id, created, first, outputs, chat, include_usage)
-        return StreamingResponse(events, media_type="text/event-stream")
+    reply = _Reply(state, request_id, created, chat, params.logprobs)
+    if stream:
+        return StreamingResponse(reply.events(first, outputs, include_usage), media_type="text/event-stream")
+    last = await _unless_disconnected(request, _last(first, outputs))
+    if last is None:
+        return Response(status_code=499)  # as vLLM's with_cancellation: the work stops, nobody reads the answer
+    return JSONResponse(reply.whole(last))
+
+
+async def _last(first, outputs):
     last = first
     async for out in outputs:
         last = out
-    return JSONResponse(_full_response(state, request_id, created, last, chat))
+    return last
 
 
-def _usage(out) -> dict:
-    completion = sum(len(c.token_ids) for c in out.outputs)
-    prompt = len(out.prompt_token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+async def _unless_disconnected(request: Request, work):
+    """`work`'s result, or None if the client disconnects first (then `work` is cancelled, which aborts the
+    request and frees its blocks). vLLM: with_cancellation, listening for http.disconnect the same way."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        return None
+    return task.result()
 
 
-def _full_response(state, request_id, created, out, chat: bool) -> dict:
-    if chat:
-        choices = [
-            {"index": c.index, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-             "finish_reason": c.finish_reason}
-            for c in out.outputs
-        ]  # fmt: skip
-        kind = "chat.completion"
-    else:
-        choices = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Reply:
+    """One request's response: whole, or as server-sent events with one chunk per choice (as vLLM)."""
+
+    def __init__(self, state: ServerState, request_id: str, created: int, chat: bool, top_n: int | None):
+        self.state, self.request_id, self.created, self.chat, self.top_n = state, request_id, created, chat, top_n
+
+    def whole(self, out) -> dict:
+        tok = self.state.tokenizer
+        choices = [api.full_choice(c, self.chat, api.logprobs_of(c, tok, (0, len(c.token_ids)), self.top_n, self.chat))
                    for c in out.outputs]  # fmt: skip
-        kind = "text_completion"
-    return {"id": request_id, "object": kind, "created": created, "model": state.model_name, "choices": choices,
-            "usage": _usage(out)}  # fmt: skip
+        return self._body("chat.completion" if self.chat else "text_completion", choices) | {"usage": api.usage(out)}
 
+    def _body(self, kind: str, choices: list[dict]) -> dict:
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.state.model_name,
+                "choices": choices}  # fmt: skip
 
-async def _stream_events(state, request_id, created, first, outputs, chat: bool, include_usage: bool):
-    """Server-sent events: one chunk per new text of each choice, the finish reasons, usage, [DONE].
-    If the client goes away, Starlette stops this generator; closing `outputs` aborts the request."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    sent: dict[int, int] = {}  # choice index -> characters sent
-    last = first
-
-    def chunk(choices: list[dict], usage: dict | None = None) -> str:
-        body = {"id": request_id, "object": kind, "created": created, "model": state.model_name, "choices": choices}
+    def _chunk(self, choices: list[dict], include_usage: bool, usage: dict | None = None) -> str:
+        body = self._body("chat.completion.chunk" if self.chat else "text_completion", choices)
         if include_usage:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    try:
-        if chat:
-            yield chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for c in first.outputs])  # fmt: skip
-        out = first
-        while True:
-            choices = []
-            for c in out.outputs:
-                delta = c.text[sent.get(c.index, 0) :]
-                if delta or c.finish_reason is not None:
-                    sent[c.index] = len(c.text)
-                    piece = {"delta": {"content": delta}} if chat else {"text": delta}
-                    choices.append({"index": c.index, **piece, "logprobs": None, "finish_reason": c.finish_reason})
-            if choices:
-                yield chunk(choices)
-            last = out
-            if out.finished:
-                break
-            out = await outputs.__anext__()
-        if include_usage:
-            yield chunk([], _usage(last))
-        yield "data: [DONE]\n\n"
-    finally:
-        await outputs.aclose()
+    async def events(self, first, outputs, include_usage: bool):
+        """The role chunk (chat), then for each choice a chunk whenever its text grows and one with its finish
+        reason, never repeated; the usage chunk; [DONE]. If the client goes away, Starlette stops this
+        generator, and closing `outputs` aborts the request."""
+        sent = {c.index: [0, 0, False] for c in first.outputs}  # choice -> [characters, tokens, finished] sent
+        try:
+            if self.chat:
+                for c in first.outputs:
+                    role = {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}  # fmt: skip
+                    yield self._chunk([role], include_usage)
+            out = first
+            while True:
+                for c in out.outputs:
+                    piece = self._delta(c, sent[c.index])
+                    if piece is not None:
+                        yield self._chunk([piece], include_usage)
+                if out.finished:
+                    break
+                out = await outputs.__anext__()
+            if include_usage:
+                yield self._chunk([], True, api.usage(out))
+            yield "data: [DONE]\n\n"
+        finally:
+            await outputs.aclose()
+
+    def _delta(self, c, sent: list) -> dict | None:
+        """Choice `c`'s chunk since `sent` ([characters, tokens, finished]), or None when there is nothing new."""
+        chars, tokens, finished = sent
+        delta = c.text[chars:]
+        if finished or not (delta or c.finish_reason is not None):
+            return None
+        span = (tokens, len(c.token_ids))
+        logprobs = api.logprobs_of(c, self.state.tokenizer, span, self.top_n, self.chat, chars)
+        sent[:] = [len(c.text), len(c.token_ids), c.finish_reason is not None]
+        return api.delta_choice(c.index, self.chat, delta, logprobs, c.finish_reason)
 
 
 # -- the command -----------------------------------------------------------------------------------
 
 
-def build_state(model: str, engine_args: dict, chat_template: str | None = None, live=None, llm=None) -> ServerState:
+def build_state(
+    model: str, engine_args: dict, chat_template: str | None = None, live=None, llm=None,
+    max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES,
+) -> ServerState:  # fmt: skip
     """A server's state for `model` (a name or folder); `llm`: an LLM already built for it (a bench's)."""
     from pathlib import Path
 
     from pagedlab import LLM
 
+    chat_template = load_chat_template(chat_template)  # before the model loads: a wrong path fails at once
     llm = llm or LLM(model, **engine_args)
-    if chat_template is not None and Path(chat_template).is_file():
-        chat_template = Path(chat_template).read_text()
     engine = AsyncEngine(llm.engine, on_step=live)
     name = Path(model).name if Path(model).exists() else model
     metrics = MetricsExporter(engine, name)
     return ServerState(engine, name, llm.get_tokenizer(), llm.engine.config.max_model_len, chat_template, metrics,
-                       time.time())  # fmt: skip
+                       time.time(), max_body_bytes)  # fmt: skip
 
 
 class ThreadedServer:

@@ -67,9 +67,10 @@ def sample(
     vocab = logits.shape[-1]
     chosen = [params[i] for i in random_rows]
     temperature = torch.tensor([p.temperature for p in chosen], device=logits.device)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in chosen], device=logits.device)
+    # top_k beyond the vocabulary means all of it, as vLLM clamps it (and before any tensor: 10**20 is no int64)
+    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in chosen], device=logits.device)
     top_p = torch.tensor([p.top_p for p in chosen], device=logits.device)
-    scaled = apply_top_k_top_p(logits[random_rows] / temperature[:, None], top_k.clamp(max=vocab), top_p)
+    scaled = apply_top_k_top_p(logits[random_rows] / temperature[:, None], top_k, top_p)
     probs = scaled.softmax(dim=-1)
     q = exponential_noise([seeds[i] for i in random_rows], [positions[i] for i in random_rows], vocab, generator)
     tokens[random_rows] = (probs / q.to(probs.device)).argmax(dim=-1)
