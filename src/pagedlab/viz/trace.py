@@ -13,7 +13,9 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "config": {                    the EngineConfig fields that shape a drawing
         "block_size": 8, "num_kv_blocks": 24, "max_num_seqs": 6, "max_num_batched_tokens": 96,
         "max_model_len": 96, "long_prefill_token_threshold": 16, "enable_prefix_caching": true,
-        "preemption_mode": "recompute", "num_swap_blocks": 0, "scheduling_policy": "fcfs"},
+        "preemption_mode": "recompute", "num_swap_blocks": 0, "scheduling_policy": "fcfs",
+        "sliding_window": 0},        tokens (0: none; absent reads as 0); with one, block 0 is the null block:
+                                     ref 0 yet never in the free queue, the tables' entry for blocks behind it
       "requests": {                  every request a step names (children and beams too), and every id of the
                                      prompts given that is no group of children
         "5": {"group": "5",          the user request it belongs to (itself unless n > 1 or a beam)
@@ -47,7 +49,7 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "num_used_blocks": 24,         blocks held in the pool
       "pool": {                      null at stage 1 (regions, no block pool)
         "free": [12, 3],             the free queue, head (allocated next) to tail
-        "ref": [1, 2, 0, ...],       block_id -> ref_cnt (num_kv_blocks entries)
+        "ref": [1, 2, 0, ...],       block_id -> ref_cnt (num_kv_blocks entries; the null block's is 0)
         "hash": [0, null, ...]},     block_id -> index into "hashes" of its cached hash, or null
       "events": [{"kind": "admit", "request": "3", "blocks": [4, 5], "text": "3 admitted (...)"}]
     }
@@ -63,12 +65,13 @@ import json
 from pathlib import Path
 
 from pagedlab.engine.events import EVENT_KINDS, block_list, step_events
+from pagedlab.model.files import read_json_file
 
 TRACE_VERSION = 1
 TRACE_EVENT_KINDS = (*EVENT_KINDS, "evict")
 CONFIG_FIELDS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                  "long_prefill_token_threshold", "enable_prefix_caching", "preemption_mode", "num_swap_blocks",
-                 "scheduling_policy")  # fmt: skip
+                 "scheduling_policy", "sliding_window")  # fmt: skip
 STEP_LISTS = ("prefills", "waiting", "running", "preempted", "swapped", "were_preempted")
 STEP_MAPS = ("scheduled", "finished", "tables", "used", "groups")
 STEP_PAIRS = ("copies", "swap_out", "swap_in")
@@ -200,8 +203,11 @@ def save(trace: dict, path) -> Path:
     return path
 
 
+TRACE_LIMIT = 1 << 30  # bytes: a trace of 10,000 steps of 64 requests is a few hundred MiB
+
+
 def load(path) -> dict:
-    return from_json(Path(path).read_text(encoding="utf-8"))
+    return from_json(read_json_file(path, "trace", TRACE_LIMIT))
 
 
 def from_json(text_or_dict) -> dict:
@@ -237,6 +243,7 @@ def validate(trace) -> None:
         _get(config, key, kinds, "config")
     if config["block_size"] < 1 or config["num_kv_blocks"] < 1:
         raise ValueError("config: block_size and num_kv_blocks must be >= 1")
+    _expect(config.get("sliding_window", 0), INT, "config.sliding_window")  # absent in older traces: no window
     for rid, request in trace["requests"].items():
         _expect(request, (dict,), f"requests[{rid!r}]")
         for key, kinds in REQUEST_TYPES.items():
@@ -271,12 +278,14 @@ def _check_step(step, where: str, trace: dict) -> None:
             _blocks([pair[cpu]], num_cpu, f"{where}.{name}[{j}]", pool="CPU pool")
     pool = _get(step, "pool", (dict,) + NONE, where)
     if pool is not None:
-        _check_pool(pool, f"{where}.pool", num_blocks, len(trace["hashes"]))
+        null = 0 if trace["config"].get("sliding_window") else None
+        _check_pool(pool, f"{where}.pool", num_blocks, len(trace["hashes"]), null)
     for j, event in enumerate(_get(step, "events", (list,), where)):
         _check_event(event, f"{where}.events[{j}]", num_blocks)
 
 
-def _check_pool(pool: dict, where: str, num_blocks: int, num_hashes: int) -> None:
+def _check_pool(pool: dict, where: str, num_blocks: int, num_hashes: int, null: int | None) -> None:
+    """`null`: the null block's id (a sliding window's), or None; it is never free and never held."""
     free, ref = _get(pool, "free", (list,), where), _get(pool, "ref", (list,), where)
     hashes = _get(pool, "hash", (list,), where)
     _blocks(free, num_blocks, f"{where}.free")
@@ -288,8 +297,10 @@ def _check_pool(pool: dict, where: str, num_blocks: int, num_hashes: int) -> Non
         _expect(name, INT + NONE, f"{where}.hash[{b}]")
         if name is not None and not 0 <= name < num_hashes:
             raise ValueError(f"{where}.hash[{b}]: {name} is not an index into hashes (0..{num_hashes - 1})")
-    if sorted(free) != [b for b, count in enumerate(ref) if count == 0]:
-        raise ValueError(f"{where}.free: must hold exactly the blocks with ref 0, once each")
+    if null is not None and ref[null] != 0:
+        raise ValueError(f"{where}.ref[{null}]: the null block is nobody's, got ref {ref[null]}")
+    if sorted(free) != [b for b, count in enumerate(ref) if count == 0 and b != null]:
+        raise ValueError(f"{where}.free: must hold exactly the blocks with ref 0 (but the null block), once each")
 
 
 def _check_event(event, where: str, num_blocks: int) -> None:
