@@ -1,10 +1,12 @@
 """The `pagedlab` command line."""
 
+import argparse
+
 import pytest
 
 from pagedlab.config import STAGE_NAMES
 from pagedlab.stages import default_stage
-from pagedlab.tools.cli import main
+from pagedlab.tools.cli import build_parser, main
 
 TOP = f"{default_stage()} ({STAGE_NAMES[default_stage()]})"  # the default stage
 
@@ -97,3 +99,27 @@ def test_describe_stage_6_says_which_attention_runs_here(capsys, monkeypatch):
     here = [line for line in run_cli(capsys, "describe", "--stage", "6").splitlines() if line.startswith("  here ")]
     assert here[0].startswith("  here       : TiledPagedAttention (the torch fallback): ")
     assert "  here " not in run_cli(capsys, "describe", "--stage", "5")
+
+
+def command_paths(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command the parser knows, nested ones too (`assignment make`), as argv prefixes; () is `pagedlab`."""
+    paths = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths += command_paths(sub, (*path, name))
+    return paths
+
+
+def test_every_commands_help_prints_and_exits_0(capsys):
+    # A help text argparse cannot format (a bare "%") is a traceback for `--help` alone: ask every command.
+    paths = command_paths(build_parser())
+    assert {("demo",), ("trace",), ("assignment", "make"), ("assignment", "grade"), ("bench",)} <= set(paths)
+    for path in paths:
+        out = run_cli(capsys, *path, "--help")
+        assert out.startswith(f"usage: {' '.join(('pagedlab', *path))} "), (path, out[:200])
+
+
+def test_a_percent_in_a_settings_help_is_shown_as_one(capsys):
+    out = " ".join(run_cli(capsys, "demo", "--help").split())  # argparse wraps the help text
+    assert "(request i gets priority i % 3)" in out

@@ -69,6 +69,17 @@ def test_an_earlier_stage_runs_the_same_requests_without_refills_in_more_steps(s
     assert summary["max_running"] < continuous["max_running"]
 
 
+def test_with_a_sliding_window_the_pool_is_counted_without_its_null_block():
+    # Block 0 is the window's null block, never free and never held: 23 of the 24 blocks can be used.
+    from pagedlab.lessons.window import windowed_bundled_model
+
+    llm, out = run(mode="log", model=str(windowed_bundled_model(16)))
+    assert re.search(r"^step   1  ran 0\+7 1\+8 2\+16 3\+12 4\+16 5\+16  waiting 6 7 8 9  KV 10/23 blocks$", out, re.M)
+    assert not re.search(r"KV \d+/24 blocks", out)
+    assert (llm.engine.kv_manager.num_used_blocks, llm.engine.kv_manager.usage) == (0, 0.0)  # idle is empty
+    assert llm.engine.stats.kv_usage == 0.0  # what /metrics serves as vllm:kv_cache_usage_perc
+
+
 def test_the_log_tells_each_step_and_what_changed():
     _, out = run(mode="log")
     assert re.search(r"^step   1  ran 0\+7 1\+8 2\+16 3\+12 4\+16 5\+16  waiting 6 7 8 9  KV 10/24 blocks$", out, re.M)

@@ -145,12 +145,27 @@ def test_blocks_behind_the_window_become_the_null_block_tail_first():
     assert kv.num_used_blocks == 0 and kv.null_block.ref_cnt == 0
 
 
+def admit(kv, r, k):
+    """As the scheduler admits: cache hits first, then k more tokens, if the free blocks it counts are there.
+    What blocks_to_admit counts is exactly what admission takes from the free queue."""
+    hits = kv.get_computed_blocks(r)
+    k = min(k, r.num_tokens - len(hits) * kv.block_size)
+    need, free = kv.blocks_to_admit(r, hits, k), kv.num_free_blocks
+    if need > free:
+        return
+    r.num_computed_tokens = kv.take_hits(r, hits)
+    assert grow(kv, r, k) is not None and kv.num_free_blocks == free - need
+    skipped = max(0, r.num_computed_tokens - k - kv.sliding_window + 1) // kv.block_size
+    assert kv.get_block_ids(r)[:skipped] == [0] * skipped
+
+
 @pytest.mark.stage5
 @given(
     block_size=st.sampled_from([1, 2, 4]),
     window=st.sampled_from([1, 3, 8]),
     program=st.lists(
-        st.tuples(st.integers(0, 3), st.sampled_from(["grow", "fork", "free", "swap"]), st.integers(1, 7)), max_size=40
+        st.tuples(st.integers(0, 3), st.sampled_from(["admit", "grow", "fork", "free", "swap"]), st.integers(1, 7)),
+        max_size=40,
     ),  # fmt: skip
 )
 def test_random_programs_never_leak_nor_touch_the_null_block(block_size, window, program):
@@ -161,7 +176,9 @@ def test_random_programs_never_leak_nor_touch_the_null_block(block_size, window,
     for who, op, k in program:
         r = live[who]
         k = min(k, r.num_tokens - r.num_computed_tokens)
-        if op == "grow" and who not in swapped and k:
+        if op == "admit" and r.request_id not in kv.req_to_blocks and who not in swapped:
+            admit(kv, r, k)
+        elif op == "grow" and who not in swapped and k:
             before = kv.get_block_ids(r)
             new = grow(kv, r, k)
             after = kv.get_block_ids(r)
@@ -214,6 +231,63 @@ def test_a_prefix_hit_still_works_behind_a_window():
     kv.free(b)
     kv.check_invariants()
     assert kv.num_used_blocks == 0
+
+
+def free_queue(kv) -> list[int]:
+    return [b.block_id for b in kv.pool.free_block_queue.get_all_free_blocks()]
+
+
+def test_cached_blocks_behind_the_window_count_as_computed_but_take_no_block():
+    # Window 4, block_size 4: a request admitted with 12 cached tokens sees keys from 9 on, so its first two
+    # hits (tokens 0-7) are the null block at once: not touched, not counted as blocks to take.
+    kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
+    a = req("a", 13)
+    grow(kv, a, 13)  # [1 2 3 4]; 1, 2 and 3 full, so cached
+    kv.free(a)
+    d = Request("d", list(range(100, 116)), SamplingParams(max_tokens=64), 64)  # another prompt: no hit
+    grow(kv, d, 16)
+    assert kv.get_block_ids(d) == [5, 6, 7, 4] and free_queue(kv) == [3, 2, 1]  # a's cached blocks, tail first
+    b = req("b", 14)  # a's first 12 tokens, then two more
+    hits = kv.get_computed_blocks(b)
+    assert [h.block_id for h in hits] == [0, 0, 3]
+    assert kv.blocks_to_admit(b, hits, 2) == 2 <= kv.num_free_blocks  # block 3 revived, one new (not 4 > 3)
+    b.num_computed_tokens = kv.take_hits(b, hits)
+    assert b.num_computed_tokens == 12 and kv.prefix_cache_hits == 12  # the null entries' tokens count as hits
+    assert free_queue(kv) == [2, 1] and [kv.pool.blocks[i].ref_cnt for i in (0, 1, 2, 3)] == [0, 0, 0, 1]
+    assert grow(kv, b, 2) == [2]  # the head of the queue: a's block 2, its hash evicted
+    assert kv.get_block_ids(b) == [0, 0, 3, 2] and free_queue(kv) == [1] and kv.num_free_blocks == 3 - 2
+    kv.free(b)
+    kv.free(d)
+    kv.check_invariants()
+    assert kv.num_used_blocks == 0 and kv.usage == 0.0 and kv.reset_prefix_cache()
+
+
+def test_a_hit_behind_the_window_keeps_its_place_in_the_free_queue():
+    # Untouched, a's blocks 1 and 2 stay where LRU put them, ahead of c's block 5 (touched and freed again,
+    # they would move behind it and outlive it in the cache).
+    kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
+    a, c = req("a", 13), Request("c", [90, 91, 92, 93], SamplingParams(max_tokens=4), 4)
+    grow(kv, a, 13)
+    kv.free(a)
+    grow(kv, c, 4)
+    kv.free(c)
+    assert free_queue(kv) == [6, 7, 4, 3, 2, 1, 5]
+    b = req("b", 14)
+    b.num_computed_tokens = kv.lookup_prefix(b)
+    assert grow(kv, b, 2) == [6] and kv.get_block_ids(b) == [0, 0, 3, 6]
+    assert free_queue(kv) == [7, 4, 2, 1, 5]
+
+
+def test_static_admission_takes_no_block_for_a_hit_behind_the_window():
+    # Stage 4 admits by worst case: b's hits behind its window need no block, and revive none.
+    kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
+    a = req("a", 13)
+    grow(kv, a, 13)
+    kv.free(a)  # free queue: 5 6 7 4 3 2 1, with 1 2 3 cached
+    b = Request("b", list(range(13)), SamplingParams(max_tokens=20), 20)  # worst case cdiv(32, 4) = 8 blocks
+    assert [h.block_id for h in kv.get_computed_blocks(b)] == [0, 0, 3]
+    assert kv.can_admit([b], []) is True  # 8 - 3 entries found + 1 revived = 6 <= 7 free (not 8 - 3 + 3)
+    assert free_queue(kv) == [5, 6, 7, 4, 3, 2, 1]  # asking touched nothing
 
 
 def test_chapter_2_quotes_the_figures_run():

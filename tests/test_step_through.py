@@ -61,6 +61,43 @@ def test_script_end_tags_in_texts_cannot_break_out():
     assert embedded_trace(page)["requests"]["0"]["prompt"] == "</script><script>alert(1)</script><!--"
 
 
+# Text that names every marker of the page's templates and holds live markup: a title, a label or a prompt.
+HOSTILE = "__TRACE__ __LAST__ __FRAMES__ __TITLE__ __PALETTE__ </script><img src=x onerror=alert(1)> & \u2028"
+
+
+def hostile_trace(max_tokens: int = 2) -> dict:
+    """One short request whose prompt is HOSTILE."""
+    trace = step_through.demo_trace(DemoOptions(num_requests=1, max_tokens=max_tokens))
+    trace["requests"]["0"]["prompt"] = HOSTILE
+    return trace
+
+
+def test_markers_and_markup_in_a_title_or_prompt_stay_text():
+    # The title goes in escaped where text goes; the trace goes in once, its "<" and ">" as JSON escapes.
+    trace = hostile_trace()
+    page = step_through.render_html(trace, title=HOSTILE)
+    escaped = html.escape(HOSTILE)
+    assert f"<title>{escaped}</title>" in page and f'<h1 id="title">{escaped}</h1>' in page
+    assert page.count('<script type="application/json" id="trace">') == 1
+    assert embedded_trace(page) == trace
+    assert "<img" not in page
+
+
+def test_markers_and_markup_in_compare_labels_stay_text():
+    # Each label names a frame and titles its page; the comparison's own title names the markers too.
+    runs = [(HOSTILE, hostile_trace(2)), ("b " + HOSTILE, hostile_trace(3))]
+    page = step_through.render_compare_html(runs, title=HOSTILE)
+    assert page.count(f"<title>{html.escape(HOSTILE)}</title>") == 1 and "<img" not in page
+    last = max(len(t["steps"]) for _, t in runs)
+    assert f'max="{last}"' in page and f"const LAST = {last};" in page
+    captions = re.findall(r'<figcaption data-run="\d">(.*?) · <span', page)
+    assert captions == [html.escape(label) for label, _ in runs]
+    frames = [html.unescape(frame) for frame in re.findall(r'srcdoc="([^"]*)"', page)]
+    assert [embedded_trace(frame) for frame in frames] == [trace for _, trace in runs]
+    for (label, _), frame in zip(runs, frames):
+        assert f"<title>{html.escape(label)}</title>" in frame and "<img" not in frame
+
+
 def test_cli_writes_the_page_and_prints_its_size(tmp_path, capsys):
     path = tmp_path / "run.html"
     with pytest.raises(SystemExit) as exit_info:
@@ -177,7 +214,7 @@ def assert_shows_step(dom: Node, trace: dict, index: int) -> None:
     rows = [n for n in dom.by_id("tables").children if "row" in n.attrs.get("class", "")]
     shown = {row.attrs["data-request"]: [int(c.attrs["data-block"]) for c in row.find(data_block=None)] for row in rows}
     assert list(shown.items()) == list(step["tables"].items())
-    assert_pool(dom.by_id("pool"), step["pool"])
+    assert_pool(dom.by_id("pool"), step["pool"], 0 if trace["config"].get("sliding_window") else None)
     items = [li for li in dom.by_id("events").children if li.tag == "li"]
     events = [(li.attrs["data-kind"], li.full_text().removeprefix(li.attrs["data-kind"])) for li in items]
     assert events == ([(e["kind"], e["text"]) for e in step["events"]] or [("none", QUIET_STEP)])
@@ -187,7 +224,8 @@ def assert_shows_step(dom: Node, trace: dict, index: int) -> None:
     assert (int(budget["data-prefill"]), int(budget["data-decode"])) == (prefill, decode)
 
 
-def assert_pool(pool: Node, expected: dict | None) -> None:
+def assert_pool(pool: Node, expected: dict | None, null: int | None = None) -> None:
+    """The pool map shows `expected` (a step's "pool"); `null`: the null block's id, a sliding window's."""
     cells = pool.find(data_block=None)
     if expected is None:  # stage 1: regions, no pool
         assert cells == []
@@ -195,6 +233,8 @@ def assert_pool(pool: Node, expected: dict | None) -> None:
     assert [int(c.attrs["data-block"]) for c in cells] == list(range(len(expected["ref"])))
     assert [int(c.attrs["data-ref"]) for c in cells] == expected["ref"]
     states = [_state(ref, h) for ref, h in zip(expected["ref"], expected["hash"])]
+    if null is not None:
+        states[null] = "null"
     assert [c.attrs["data-state"] for c in cells] == states
 
 
@@ -263,6 +303,23 @@ def test_other_stages_render_without_errors(traces, pages, name):
 
 
 @pytest.mark.slow
+def test_a_sliding_window_run_shows_its_null_block(pages, tmp_path):
+    # Block 0 stands in for blocks behind the window: drawn as the null block, never as a free one.
+    from pagedlab.lessons.window import windowed_bundled_model
+
+    trace = step_through.demo_trace(DemoOptions(model=str(windowed_bundled_model(16))))
+    page = step_through.write_html(trace, tmp_path / "window.html")
+    index = next(i for i, s in enumerate(trace["steps"]) if any(0 in t for t in s["tables"].values()))
+    dom = dump_dom(page, f"#step={trace['steps'][index]['step']}")
+    assert_shows_step(dom, trace, index)
+    (null,) = dom.by_id("pool").find(data_block="0")
+    assert (null.attrs["data-state"], null.attrs["data-ref"]) == ("null", "0")
+    assert "hidden" not in dom.by_id("legend-null").attrs
+    assert dom.by_id("subtitle").full_text().endswith(" · sliding window of 16 tokens")
+    assert "hidden" in dump_dom(pages["continuous"]).by_id("legend-null").attrs  # no window, no null block
+
+
+@pytest.mark.slow
 def test_screenshots_of_two_steps(traces, pages, tmp_path):
     trace = traces["continuous"]
     for index in (first_step_with(trace, "preempt"), first_step_with(trace, "refill")):
@@ -271,6 +328,23 @@ def test_screenshots_of_two_steps(traces, pages, tmp_path):
         result = chromium(pages["continuous"], f"--screenshot={shot}", "--window-size=1280,1000", fragment=fragment)
         assert result.returncode == 0 and not page_errors(result.stderr), result.stderr[-2000:]
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+@pytest.mark.slow
+def test_markers_and_markup_stay_text_in_chromium(tmp_path):
+    # Chromium shows the title and the selected request's prompt as the text they are: no <img>, no error.
+    trace = hostile_trace()
+    dom = dump_dom(step_through.write_html(trace, tmp_path / "page.html", title=HOSTILE), "#request=0")
+    assert [n for n in dom.all() if n.tag in ("img", "iframe")] == []
+    assert dom.by_id("title").full_text() == HOSTILE
+    assert HOSTILE in dom.by_id("detail").full_text()  # the prompt, as JSON.parse read it
+    assert dom.by_id("step-label").full_text() == f"step 1 of {len(trace['steps'])}"
+    runs = [(HOSTILE, trace), ("b " + HOSTILE, hostile_trace(3))]
+    dom = dump_dom(step_through.write_compare_html(runs, tmp_path / "cmp.html", title=HOSTILE))
+    assert [n for n in dom.all() if n.tag == "img"] == [] and len([n for n in dom.all() if n.tag == "iframe"]) == 2
+    assert next(n for n in dom.all() if n.tag == "h1").full_text() == HOSTILE
+    captions = [n.full_text() for n in dom.all() if n.tag == "figcaption"]
+    assert captions == [f"{label} · step 1 of {len(t['steps'])}" for label, t in runs]  # both pages ran
 
 
 def test_trace_json_is_what_the_page_reads(traces):

@@ -136,6 +136,27 @@ def test_the_demo_trace_matches_the_engines_steps(demo):
     assert "why: no free block" in preempt["text"]  # the reason travels with the event
 
 
+@pytest.mark.stage5
+def test_a_sliding_window_run_keeps_its_null_block_out_of_the_free_queue():
+    # With a window, block 0 is the null block: ref 0 yet never free. The free queue holds every other block
+    # nobody holds, so its length is the pool less the null block less the blocks in use.
+    from pagedlab.lessons.window import windowed_bundled_model
+
+    llm, prompts, texts = run_demo_quietly(model=str(windowed_bundled_model(16)))
+    trace = viz_trace.from_json(viz_trace.dumps(viz_trace.to_trace(llm, prompts, texts)))
+    assert trace["config"]["sliding_window"] == 16 and llm.engine.kv_manager.null_block.block_id == 0
+    for step in trace["steps"]:
+        assert step["pool"]["ref"][0] == 0 and 0 not in step["pool"]["free"]
+        assert len(step["pool"]["free"]) == 24 - 1 - step["num_used_blocks"]
+    assert any(0 in table for step in trace["steps"] for table in step["tables"].values())  # a block went behind
+    with pytest.raises(ValueError, match=r"^steps\[0\]\.pool\.free: must hold exactly the blocks with ref 0"):
+        viz_trace.validate(broken(trace, lambda t: t["steps"][0]["pool"]["free"].append(0)))
+    with pytest.raises(ValueError, match=r"^steps\[0\]\.pool\.ref\[0\]: the null block is nobody's, got ref 1"):
+        viz_trace.validate(broken(trace, lambda t: t["steps"][0]["pool"]["ref"].__setitem__(0, 1)))
+    older = broken(trace, lambda t: t["config"].pop("sliding_window"))  # a trace written before the field
+    viz_trace.validate(broken(older, lambda t: [s["pool"]["free"].append(0) for s in t["steps"]]))
+
+
 def broken(trace: dict, change) -> dict:
     bad = copy.deepcopy(trace)
     change(bad)

@@ -98,7 +98,8 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    """All physical blocks. Invariants: free queue == {blocks with ref_cnt 0}; used + free == total."""
+    """All physical blocks. Invariants: free queue == {blocks with ref_cnt 0} less the null block;
+    used + free == num_usable (every block but the null block)."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
@@ -117,8 +118,20 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     @property
+    def num_usable(self) -> int:
+        """Blocks requests can hold: all but the null block (vLLM's pool always takes one and counts
+        num_gpu_blocks - 1; here only a sliding window takes it)."""
+        return self.num_blocks - (self.null_block is not None)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks some request holds (the null block is nobody's)."""
+        return self.num_usable - self.num_free
+
+    @property
     def usage(self) -> float:
-        return 1 - self.num_free / self.num_blocks
+        """Share of the usable blocks held, 0..1: exactly 0 when idle, null block or not (vLLM's get_usage)."""
+        return 1 - self.num_free / self.num_usable if self.num_usable else 0.0
 
     # BEGIN SOLUTION
     # TASK pool-allocate-free (20 pts): allocate blocks from the free queue's head and free them back at ref_cnt 0.

@@ -63,7 +63,7 @@ class PagedKVCacheManager:
         blocks = self.req_to_blocks.get(request.request_id)
         if not blocks:
             return
-        skipped = max(0, request.num_computed_tokens - self.sliding_window + 1) // self.block_size
+        skipped = self.num_skipped_blocks(request.num_computed_tokens)
         freed = []
         for i in range(min(skipped, len(blocks)) - 1, -1, -1):
             if blocks[i] is self.null_block:
@@ -71,6 +71,13 @@ class PagedKVCacheManager:
             freed.append(blocks[i])
             blocks[i] = self.null_block
         self.pool.free(freed)  # a caching pool (stage 4) keeps them cached
+
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks no query from position `num_computed_tokens` on can see: it sees keys from
+        num_computed_tokens - W + 1 on (vLLM's get_num_skipped_tokens, in whole blocks); 0 without a window."""
+        if not self.sliding_window:
+            return 0
+        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
 
     # BEGIN SOLUTION
     # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or
@@ -129,7 +136,7 @@ class PagedKVCacheManager:
     def can_ever_admit(self, group: list[Request]) -> bool:
         """Even an empty pool could not hold it: each request's own worst case, sharing not counted (a
         group preempted by recompute at stage 5 may rebuild its children's prompts one by one)."""
-        return sum(self.max_blocks(r) for r in group) <= self.num_kv_blocks - (self.null_block is not None)
+        return sum(self.max_blocks(r) for r in group) <= self.pool.num_usable
 
     def get_block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request.request_id, ())]
@@ -141,7 +148,7 @@ class PagedKVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         """Blocks some request holds (the null block is nobody's)."""
-        return self.num_kv_blocks - self.pool.num_free - (self.null_block is not None)
+        return self.pool.num_used
 
     @property
     def num_free_blocks(self) -> int:

@@ -75,8 +75,9 @@ class CachingBlockPool(BlockPool):
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash (vLLM's BlockPool.reset_prefix_cache); refused (False) while a block is held,
-        since a running request's table points at cached blocks and later requests would still hit them."""
-        if self.num_free < self.num_blocks:
+        since a running request's table points at cached blocks and later requests would still hit them. The
+        null block is never free and never held: it does not count (vLLM: num_used_blocks != 1)."""
+        if self.num_used:
             return False
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
@@ -144,7 +145,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
             if block is None:
                 break
             hits.append(block)
-        return hits
+        return self.behind_window_to_null(hits)
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
@@ -155,7 +156,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
 
     def take_hits(self, request: Request, hits: list[KVCacheBlock]) -> int:
         """Start the table with `hits` (from get_computed_blocks); count the query; return hit tokens."""
-        self.pool.touch(hits)
+        self.pool.touch([b for b in hits if b is not self.null_block])
         self.req_to_blocks[request.request_id] = list(hits)
         self.num_cached_blocks[request.request_id] = len(hits)
         if self.enable_caching:
@@ -182,18 +183,32 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
 
     # END SOLUTION
 
+    def behind_window_to_null(self, hits: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """`hits` with those that will lie behind a sliding window replaced by the null block: the request
+        starts at len(hits) * block_size computed tokens, and remove_skipped_blocks would free them at once.
+        Left as they are, they are never touched (no ref_cnt, no move in the free queue) nor counted as blocks
+        to take; their tokens still count as computed (vLLM's SlidingWindowManager.find_longest_cache_hit)."""
+        skipped = self.num_skipped_blocks(len(hits) * self.block_size)
+        return [self.null_block] * skipped + hits[skipped:] if skipped else hits
+
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
-        """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue."""
-        hits = {id(b): b for r in group for b in self.get_computed_blocks(r)}
+        """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue. A hit
+        behind a window (the null block) needs no block at all: one entry per group, as worst_case_blocks
+        counts a group's shared prompt blocks once."""
+        hits = {}
+        for r in group:
+            for i, b in enumerate(self.get_computed_blocks(r)):
+                hits[(r.group_id, i) if b is self.null_block else id(b)] = b
         need = self.worst_case_blocks(group) - len(hits)
-        revived = sum(1 for b in hits.values() if b.ref_cnt == 0)
+        revived = sum(1 for b in hits.values() if b.ref_cnt == 0 and b is not self.null_block)
         return need + revived <= self.pool.num_free - self.promised_blocks(running)
 
     def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int) -> int:
-        """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives."""
+        """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives (a hit
+        behind a window is the null block: none taken, as vLLM's get_num_blocks_to_allocate)."""
         hit_tokens = len(hits) * self.block_size
         new = cdiv(hit_tokens + num_new_tokens, self.block_size) - len(hits)
-        return new + sum(1 for b in hits if b.ref_cnt == 0)
+        return new + sum(1 for b in hits if b.ref_cnt == 0 and b is not self.null_block)
 
     def fork(self, parent: Request, child: Request) -> None:
         super().fork(parent, child)

@@ -41,7 +41,7 @@ from pagedlab.model.loader import BUNDLED_MODEL
 from pagedlab.outputs import RequestOutput
 from pagedlab.sampling_params import SamplingParams
 from pagedlab.stages import default_stage, get_preset
-from pagedlab.tools.demo_view import BACK, HELP, QUIT, change_lines, key_reader, render_frame
+from pagedlab.tools.demo_view import BACK, HELP, QUIT, change_lines, key_reader, pool_size, render_frame
 
 CITIZEN = "First Citizen:\nBefore we proceed any further, hear me speak.\n"  # two prompts share this line
 SCENARIO = (  # (prompt, output tokens): varied, so that requests end at different steps
@@ -271,7 +271,7 @@ def log_line(llm: LLM) -> str:
     t = engine.trace[-1]
     ran = " ".join(f"{rid}+{n}" for rid, n in t.scheduled.items())
     line = f"step {t.step:3d}  ran {ran}  waiting {' '.join(t.waiting) or '-'}  "
-    line += f"KV {t.num_used_blocks}/{engine.config.num_kv_blocks} blocks"
+    line += f"KV {t.num_used_blocks}/{pool_size(t, engine.config)} blocks"
     events = step_events(engine.trace, len(engine.trace) - 1, engine.config)
     return "\n".join([line] + [f"  {text.plain}" for text in change_lines(events) if events])
 

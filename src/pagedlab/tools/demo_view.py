@@ -76,8 +76,14 @@ def waiting_labels(t: StepTrace) -> str:
     )
 
 
+def pool_size(t: StepTrace, config) -> int:
+    """Blocks requests can hold: the pool, less a sliding window's null block (never free and never held, so
+    `used` could never reach num_kv_blocks); stage 1 has regions, no pool and no null block."""
+    return config.num_kv_blocks - (t.free_queue is not None and config.sliding_window > 0)
+
+
 def pool_line(t: StepTrace, config) -> Text:
-    used, total = t.num_used_blocks, config.num_kv_blocks
+    used, total = t.num_used_blocks, pool_size(t, config)
     fed = sum(t.scheduled.values())
     prefill = sum(t.scheduled[rid] for rid in t.prefills)
     return Text.assemble(

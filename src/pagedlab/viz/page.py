@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib.resources import files
 from pathlib import Path
 
+from pagedlab.errors import InvariantError
 from pagedlab.viz import palette
 from pagedlab.viz.trace import dumps, to_trace, validate
 
@@ -31,12 +33,28 @@ def render_html(trace: dict, title: str = "pagedlab: step through a run") -> str
     """The page for `trace` (a viz.trace dict, validated first) as one HTML string."""
     validate(trace)
     page = files("pagedlab.viz").joinpath(TEMPLATE).read_text(encoding="utf-8")
-    return (
-        page.replace("__PALETTE__", _palette_css())
-        .replace("__REQUEST_COLOURS__", json.dumps(list(palette._REQUEST_COLOURS)))
-        .replace("__TITLE__", html.escape(title))
-        .replace("__TRACE__", embed_json(trace))
+    return _fill(
+        page,
+        {
+            "__PALETTE__": _palette_css(),
+            "__REQUEST_COLOURS__": json.dumps(list(palette._REQUEST_COLOURS)),
+            "__TITLE__": html.escape(title),  # text positions only: <title> and <h1>
+            "__TRACE__": embed_json(trace),
+        },
     )
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    """`template` with each marker (a key of `values`) replaced by its value, in one pass over the template.
+
+    One pass, not a chain of str.replace: a value is never searched for markers itself, so a title or a prompt
+    that reads "__TRACE__" stays that text, and the trace goes in only where the template asks for it.
+    """
+    missing = [marker for marker in values if marker not in template]
+    if missing:
+        raise InvariantError(f"the template lacks {missing}")
+    markers = re.compile("|".join(map(re.escape, values)))
+    return markers.sub(lambda found: values[found.group(0)], template)
 
 
 def write_html(trace: dict, path, title: str = "pagedlab: step through a run") -> Path:
@@ -57,9 +75,7 @@ def render_compare_html(runs: list[tuple[str, dict]], title: str = "pagedlab: tw
         for i, (label, trace) in enumerate(runs)
     )
     last = max((t["steps"][-1]["step"] if t["steps"] else 0) for _, t in runs)
-    return (
-        _COMPARE.replace("__TITLE__", html.escape(title)).replace("__FRAMES__", frames).replace("__LAST__", str(last))
-    )
+    return _fill(_COMPARE, {"__TITLE__": html.escape(title), "__FRAMES__": frames, "__LAST__": str(last)})
 
 
 def write_compare_html(runs: list[tuple[str, dict]], path, title: str = "pagedlab: two runs side by side") -> Path:
@@ -189,10 +205,15 @@ def demo_trace(opts, max_steps: int = 10_000) -> dict:
     raise ValueError(f"max_steps: requests still unfinished after {max_steps} engine steps")
 
 
+# Characters that could end or reinterpret a <script> element ("</script>", "<!--", "]]>"), or that some
+# JavaScript parsers take for line ends, as JSON escapes. In the trace's JSON they occur only inside strings
+# (its syntax uses none of them), where "\u003c" is the same string as "<": JSON.parse reads the trace back.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def embed_json(trace: dict) -> str:
-    """The trace as JSON that cannot end its <script> element early: "</" becomes "<\\/" and "<!--" becomes
-    "<\\u0021--" (both still the same JSON strings: they occur only inside strings)."""
-    return dumps(trace).replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    """The trace as JSON text to put inside <script type="application/json">: no markup can end it early."""
+    return dumps(trace).translate(_SCRIPT_SAFE)
 
 
 def _palette_css() -> str:
