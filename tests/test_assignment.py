@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import pagedlab
+from pagedlab.stages import STAGES
 from pagedlab.tools import assignment, grading
 
 SRC = Path(pagedlab.__file__).parent
@@ -33,7 +34,7 @@ def test_every_region_is_well_formed_and_every_stage_has_tasks_worth_100():
     for r in regions:
         assert r.task and len(r.task) > 20, f"{r.label}: a task hint should say what to implement"
         assert r.points > 0
-    for stage in range(1, 7):
+    for stage in STAGES:
         assert sum(r.points for r in regions if r.stage == stage) == 100
     for path in {r.path for r in regions}:  # every student copy still parses, and keeps its markers
         stubbed = assignment.stub_source(path.read_text(), [r for r in regions if r.path == path])
@@ -91,7 +92,7 @@ def workspace_pytest(ws: Path, marker: str, keyword: str) -> subprocess.Complete
     return subprocess.run(cmd, cwd=ws, env=env, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("stage", list(STAGES))
 def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, tmp_path):
     student = assignment.make(stage, tmp_path / "student")
     spec = json.loads((student / "assignment.json").read_text())
@@ -108,7 +109,7 @@ def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, 
         assert run.returncode == 0, run.stdout[-2000:]
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("stage", list(STAGES))
 def test_an_untouched_copy_scores_at_most_10_percent_and_the_reference_full_marks(stage):
     (row,) = grading.check_stages([stage])
     if not row["blocked"]:

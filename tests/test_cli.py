@@ -4,8 +4,7 @@ import argparse
 
 import pytest
 
-from pagedlab.config import STAGE_NAMES
-from pagedlab.stages import default_stage
+from pagedlab.stages import STAGE_NAMES, default_stage
 from pagedlab.tools.cli import build_parser, main
 
 TOP = f"{default_stage()} ({STAGE_NAMES[default_stage()]})"  # the default stage

@@ -115,7 +115,7 @@ def test_max_model_len_caps_the_output():
         (3.5, None, {}, "prompt: expected str or list"),
         ("ROMEO:", "greedy", {}, "params: expected SamplingParams"),
         ("ROMEO:", SamplingParams(n=64), {}, "n: 64 children exceed max_num_seqs"),
-        ("ROMEO:", None, {"priority": 2}, "priority: 2 needs scheduling_policy='priority'"),
+        ("ROMEO:", None, {"priority": 2}, "priority: 2 needs a policy that orders by priority"),
         ("ROMEO:", None, {"cache_salt": "tenant-a"}, "cache_salt: needs prefix caching"),
     ],
 )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import pagedlab
+from pagedlab.stages import STAGES
 from pagedlab.tools import assignment, grading
 from pagedlab.tools.screening import screen
 
@@ -282,7 +283,7 @@ def test_points_are_split_over_each_tasks_tests():
     regions = {r.task_id: r for r in assignment.stage_regions(ROOT, 2)}
     assert set(tests_of) == set(regions) and all(tests_of.values())
     assert sum(r.points for r in regions.values()) == 100
-    for stage in range(1, 7):  # every task of every stage has its points and at least one test
+    for stage in STAGES:  # every task of every stage has its points and at least one test
         assert sum(r.points for r in assignment.stage_regions(ROOT, stage)) == 100
 
 

@@ -34,7 +34,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from pagedlab import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams, load_model, oracle
+from pagedlab import BeamSearchParams, LLMEngine, SamplingParams, load_model, oracle
+from pagedlab.stages import engine_config
 from tests.conftest import need_triton
 from tests.equivalence import NEAR_TIE, assert_matches_oracle
 from tests.sched.test_continuous import forks_preempted_in_their_step, pending_forks
@@ -113,7 +114,7 @@ def _build_rule(stages: tuple[int, ...]):
             args["attention_backend"] = "triton"
         m = bundled()
         kv_bytes = 2 * m.config.num_hidden_layers * m.config.num_key_value_heads * m.config.head_dim * 4
-        self.engine = LLMEngine(EngineConfig.create(stage, m.config.max_position_embeddings, kv_bytes, **args), m)
+        self.engine = LLMEngine(engine_config(stage, m.config.max_position_embeddings, kv_bytes, **args), m)
         self.stage = stage
 
     return build

@@ -1,47 +1,33 @@
-"""Stage 1: `EngineConfig`, every knob of the engine, and which stage introduces which knob.
+"""Stage 1: `EngineConfig`, every knob of the engine, checked for type and range.
 
-Builds on: nothing.
+Builds on: nothing (this module imports nothing of pagedlab: everything else may read it).
 Read with: chapters/01-contiguous-static.md.
 
-A stage is chosen by name ("paged"), number (2) or numeric string ("2").
-Setting a field that the chosen stage does not use is a ValueError that says
-which stage introduces it: a reader who sets `preemption_mode` on stage 2 has
-misunderstood something, and silence would hide it. What each stage reads,
-its defaults and its attention backends are facts of its preset (stages.py);
-this module only checks types, ranges and the model-dependent defaults.
+What each stage reads, its defaults, its attention backends and its policies
+are facts of the stage presets (stages.py), which build a config with
+`stages.engine_config` and refuse a knob the chosen stage does not use. This
+module knows no stage: it checks each field's type and range, and fills the
+defaults that depend on the model (the pool's size, max_model_len).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, fields
-
-STAGE_NAMES = {1: "contiguous", 2: "paged", 3: "cow", 4: "prefix", 5: "continuous", 6: "kernel"}
+from dataclasses import dataclass, fields, replace
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # the dtypes of model and KV cache -> bytes per element
 KV_MEMORY_BUDGET_BYTES = 512 * 2**20  # default KV pool size cap on any device
 _KIND_WORDS = {"int": "an integer", "bool": "True or False", "str": "a string"}  # a field's annotation -> words
 
 
-def parse_stage(stage: int | str) -> int:
-    """'paged', 2 and '2' all mean stage 2."""
-    if isinstance(stage, str) and stage.isdigit():
-        stage = int(stage)
-    if isinstance(stage, int) and not isinstance(stage, bool) and stage in STAGE_NAMES:
-        return stage
-    by_name = {name: number for number, name in STAGE_NAMES.items()}
-    if isinstance(stage, str) and stage in by_name:
-        return by_name[stage]
-    choices = ", ".join(f"{n} ({name})" for n, name in STAGE_NAMES.items())
-    raise ValueError(f"stage: unknown stage {stage!r}; choose one of {choices}")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
-    """Every engine setting. Build it with `EngineConfig.create`, which fills model-dependent defaults."""
+    """Every engine setting. Build it with `stages.engine_config`, which checks it against the stage's preset and
+    fills the defaults that depend on the model."""
 
     stage: int  # 1 .. 6
+    stage_name: str = ""  # its preset's name ("continuous"), set by stages.engine_config
     block_size: int = 16  # tokens per KV block
     num_kv_blocks: int = 0  # KV pool capacity in blocks of block_size tokens (0 = size it for the model)
     kv_cache_memory: int = 0  # bytes for the KV pool when num_kv_blocks is 0 ("512MiB" accepted; 0 = see below)
@@ -64,36 +50,14 @@ class EngineConfig:
     sliding_window: int = 0  # from the model (stages 2+): every layer's window, so blocks behind it are freed; 0 = none
 
     @property
-    def stage_name(self) -> str:
-        return STAGE_NAMES[self.stage]
-
-    @property
     def max_blocks_per_request(self) -> int:
-        return math.ceil(self.max_model_len / self.block_size)
+        return cdiv(self.max_model_len, self.block_size)
 
     @classmethod
-    def for_model(cls, stage: int | str, model_config, **overrides) -> EngineConfig:
-        """The settings for a model, from its config.json alone: built before a single weight is read."""
-        dtype = overrides.get("dtype") or "float32"
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise ValueError(f"dtype: {dtype!r} is not one of {tuple(DTYPES)}")
-        if "sliding_window" in overrides:
-            raise ValueError("sliding_window: comes from the model's config.json (sliding_window, layer_types)")
-        cfg = cls.create(
-            stage, model_config.max_position_embeddings, kv_bytes_per_token(model_config, dtype), **overrides
-        )
-        window = model_config.kv_window if cfg.stage >= 2 else None  # stage 1's regions are reserved whole
-        return _replace(cfg, sliding_window=window or 0)
-
-    @classmethod
-    def create(cls, stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:
-        """Validate user overrides against the stage's preset and fill the defaults that depend on the model."""
-        from pagedlab.stages import STAGE_FIELDS, get_preset, introduced_by  # stages.py imports this module
-
-        number = parse_stage(stage)
-        preset = get_preset(number)
+    def checked_overrides(cls, overrides: dict) -> dict:
+        """The keyword settings a user gave, each a known field of its annotated type ("512MiB" -> bytes)."""
         kinds = {f.name: f.type for f in fields(cls)}  # "int" | "bool" | "str" (annotations are strings here)
-        known = set(kinds) - {"stage"}
+        known = set(kinds) - {"stage", "stage_name"}
         if isinstance(overrides.get("kv_cache_memory"), str):
             overrides = overrides | {"kv_cache_memory": parse_bytes(overrides["kv_cache_memory"], "kv_cache_memory")}
         for name, value in overrides.items():
@@ -101,17 +65,10 @@ class EngineConfig:
                 raise ValueError(f"{name}: not an engine setting (known: {', '.join(sorted(known))})")
             if value is not None:
                 _check_kind(name, value, kinds[name])
-            if value is not None and name in STAGE_FIELDS and name not in preset.uses:
-                raise ValueError(
-                    f"{name}: stage {number} ({STAGE_NAMES[number]}) does not use it; it is introduced by "
-                    f"{introduced_by(name)}"
-                )
-        given = {k: v for k, v in overrides.items() if v is not None}
-        cfg = cls(stage=number, **(preset.defaults | given))
-        cfg = cfg._with_defaults(model_max_len, kv_bytes_per_token)
-        return _replace(cfg, attention_backend=_resolve_backend(cfg, preset.backends))
+        return overrides
 
-    def _with_defaults(self, model_max_len: int, kv_bytes_per_token: int) -> EngineConfig:
+    def with_defaults(self, model_max_len: int, kv_bytes_per_token: int) -> EngineConfig:
+        """Fill the defaults that depend on the model, then check every range (choices are the presets')."""
         _check_positive(self, "block_size", "max_num_seqs")
         if self.kv_cache_memory < 0:
             raise ValueError(f"kv_cache_memory: expected bytes >= 0, got {self.kv_cache_memory}")
@@ -132,15 +89,13 @@ class EngineConfig:
             max_len = min(max_len, blocks * self.block_size)
         batched = self.max_num_batched_tokens or max(2048, max_len)  # vLLM's default without chunked prefill
         swap = self.num_swap_blocks or (blocks if self.preemption_mode == "swap" else 0)  # as big as the pool
-        cfg = _replace(
+        cfg = replace(
             self, max_model_len=max_len, max_num_batched_tokens=batched, num_kv_blocks=blocks, num_swap_blocks=swap
         )
         _check_positive(cfg, "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "max_trace_steps")
         _check_choice(cfg, "dtype", tuple(DTYPES))
         check_device(cfg.device)
-        _check_choice(cfg, "attention_backend", ("", "torch", "triton"))
         _check_choice(cfg, "preemption_mode", ("recompute", "swap"))
-        _check_choice(cfg, "scheduling_policy", ("fcfs", "priority"))
         if cfg.max_num_batched_tokens < cfg.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens: {cfg.max_num_batched_tokens} is below max_num_seqs ({cfg.max_num_seqs}); "
@@ -181,41 +136,9 @@ def check_device(device: str) -> None:
         raise ValueError(f"device: {device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
-def triton_can_run(device: str) -> bool:
-    """Triton kernels run on a CUDA device, or on the CPU under TRITON_INTERPRET=1 (if Triton is installed)."""
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("triton") is None:
-        return False
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.is_available()
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _resolve_backend(cfg: EngineConfig, backends: tuple[str, ...]) -> str:
-    """The attention backend, among those the stage can run (preferred first). The preferred Triton falls
-    back to torch, with one warning, where it cannot run; an explicit one there is an error."""
-    asked = cfg.attention_backend
-    if asked and asked not in backends:
-        raise ValueError(f"attention_backend: {asked!r} is introduced by stage 6 (kernel), not stage {cfg.stage}")
-    if asked == "triton" and not triton_can_run(cfg.device):
-        raise ValueError(
-            f"attention_backend: 'triton' needs Triton and a CUDA device, or TRITON_INTERPRET=1 on a CPU "
-            f"(device is {cfg.device!r})"
-        )
-    if asked or backends[0] != "triton" or triton_can_run(cfg.device):
-        return asked or backends[0]
-    import warnings
-
-    warnings.warn(
-        f"stage {cfg.stage}: Triton cannot run here (no CUDA device and TRITON_INTERPRET is not 1, or Triton is "
-        "missing); using the torch attention backend",
-        stacklevel=5,
-    )
-    return backends[1]
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints, without floats: the blocks that hold a tokens, b to a block."""
+    return -(-a // b)
 
 
 def kv_bytes_per_token(model_config, dtype: str) -> int:
@@ -255,10 +178,6 @@ def parse_bytes(text: str, name: str) -> int:
     if not m or unit not in _BYTE_UNITS:
         raise ValueError(f"{name}: {text!r} is not a size (e.g. 536870912, '512MiB', '2GB')")
     return int(float(m.group(1)) * _BYTE_UNITS[unit])
-
-
-def _replace(cfg: EngineConfig, **changes) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(cfg, f.name) for f in fields(cfg)} | changes)
 
 
 def _check_positive(cfg: EngineConfig, *names: str) -> None:

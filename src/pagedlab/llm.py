@@ -15,13 +15,12 @@ from contextlib import contextmanager
 import torch
 from tqdm import tqdm
 
-from pagedlab.config import EngineConfig, parse_stage
 from pagedlab.engine.engine import LLMEngine
 from pagedlab.engine.validation import check_engine_memory
 from pagedlab.model.loader import BUNDLED_MODEL, load_model, load_model_config
 from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.sampling_params import BeamSearchParams
-from pagedlab.stages import default_stage
+from pagedlab.stages import config_for_model, default_stage, parse_stage
 
 
 class LLM:
@@ -30,7 +29,7 @@ class LLM:
     def __init__(self, model: str = BUNDLED_MODEL, stage: int | str | None = None, **engine_args):
         stage = default_stage() if stage is None else parse_stage(stage)
         path, mc = load_model_config(model)  # config.json only: every size is checked before a weight is read
-        config = EngineConfig.for_model(stage, mc, **engine_args)
+        config = config_for_model(stage, mc, **engine_args)
         check_engine_memory(config, mc)
         self.loaded = load_model(path, device=config.device, dtype=getattr(torch, config.dtype))
         self.engine = LLMEngine(config, self.loaded)

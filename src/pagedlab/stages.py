@@ -1,23 +1,27 @@
-"""Stage 1: the stage presets: the parts each stage wires, and every fact about a stage.
+"""Stage 1: the stage presets: the parts each stage wires, every fact about a stage, and its config.
 
-Builds on: config.py and every part a preset names.
+Builds on: config.py (EngineConfig), attention/backends.py (BACKENDS), sched/policies.py (POLICIES), and
+every part a preset names.
 Read with: chapters/00-overview.md, chapters/97-architecture.md.
 
 A stage is data, not a flag: the engine asks its preset for its parts and
-never checks a stage number, and what a stage allows (which engine settings
-it reads, their defaults, its attention backends) is written here, once, so
-that config.py knows nothing about stages. A later stage adds a preset that
-names a new class (or a subclass overriding one method).
+never checks a stage number, and every fact about a stage (its name, chapter,
+notebook and test marker, which engine settings it reads, their defaults, its
+attention backends) is written here, once; everything else reads it. A later
+stage adds a preset that names a new class (or a subclass overriding one
+method). `engine_config` builds a stage's EngineConfig from a user's settings:
+a setting the stage does not read is a ValueError naming the stage that
+introduces it (a reader who sets `preemption_mode` on stage 2 has
+misunderstood something, and silence would hide it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 
-from pagedlab.attention.contiguous import ContiguousAttention
-from pagedlab.attention.paged import PagedAttention
-from pagedlab.attention.tiled import TiledPagedAttention
-from pagedlab.config import STAGE_NAMES, parse_stage
+from pagedlab.attention.backends import BACKENDS
+from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
@@ -25,6 +29,7 @@ from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.groups import NoSharing
+from pagedlab.sched.policies import POLICIES
 from pagedlab.sched.sharing import PromptSharing
 from pagedlab.sched.static import StaticScheduler
 
@@ -36,42 +41,55 @@ CONTINUOUS_FIELDS = frozenset(STAGE_FIELDS)
 
 @dataclass(frozen=True)
 class StagePreset:
-    """The parts of one stage, what it allows, and what its notebook asks."""
+    """The parts of one stage, what it allows, and where a reader meets it."""
 
     number: int  # 1 .. 6
-    name: str  # STAGE_NAMES[number]
+    name: str  # "contiguous", "paged", ...: what `stage=` may say instead of the number
     kv_manager: type  # built with .from_config(config)
     scheduler: type  # (config, kv_manager, sharing) -> scheduler
     sharing: type  # how a request's children are scheduled: NoSharing, or PromptSharing (fork, beams) from stage 3
-    attention: type  # the torch backend: (kv_cache, num_queries_per_kv, head_dim) -> attention backend
     question: str  # the question the stage's notebook answers
     vllm_files: tuple[str, ...]  # where vLLM keeps the same idea
+    slug: str  # "01-contiguous-static": chapters/{slug}.md, and (with "_") notebooks/{slug}.ipynb
     uses: frozenset[str] = frozenset()  # the fields of STAGE_FIELDS this stage reads
     defaults: dict = field(default_factory=dict)  # field -> its value when the user gives none
-    backends: tuple[str, ...] = ("torch",)  # attention backends it can run, the preferred first
+    backends: tuple[str, ...] = ("reference", "tiled")  # names in BACKENDS it can run, the preferred first
+
+    @property
+    def chapter(self) -> str:
+        return f"chapters/{self.slug}.md"
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/{self.slug.replace('-', '_')}.ipynb"
+
+    @property
+    def marker(self) -> str:
+        """The pytest marker of the stage's tests (the grader runs -m stageN)."""
+        return f"stage{self.number}"
 
 
 STAGES: dict[int, StagePreset] = {
     1: StagePreset(
         1,
-        STAGE_NAMES[1],
+        "contiguous",
         ContiguousKVCacheManager,
         StaticScheduler,
         NoSharing,
-        ContiguousAttention,
         "How much reserved KV memory is wasted?",
         (
             "the paper's contiguous pre-allocation and its Orca baselines (Kwon et al. 2023, §3.1, §6.1, Fig. 2)",
             "vllm/v1/worker/gpu_model_runner.py",
         ),
+        "01-contiguous-static",
+        backends=("contiguous",),
     ),
     2: StagePreset(
         2,
-        STAGE_NAMES[2],
+        "paged",
         PagedKVCacheManager,
         StaticScheduler,
         NoSharing,
-        PagedAttention,
         "How many more requests fit?",
         (
             "vllm/v1/core/block_pool.py",
@@ -79,60 +97,61 @@ STAGES: dict[int, StagePreset] = {
             "vllm/v1/core/kv_cache_manager.py",
             "vllm/v1/worker/block_table.py",
         ),
+        "02-paged-blocks",
     ),
     3: StagePreset(
         3,
-        STAGE_NAMES[3],
+        "cow",
         CowKVCacheManager,
         StaticScheduler,
         PromptSharing,
-        PagedAttention,
         "What do n>1 sampling and beam search cost with sharing?",
         (
             "vllm/core/block_manager.py (v0.10.2: fork, copy-on-write)",
             "vllm/core/block/cpu_gpu_block_allocator.py (v0.10.2)",
             "BeamSearchOfflineMixin.beam_search in vllm/entrypoints/generate/beam_search/offline.py",
         ),
+        "03-copy-on-write",
     ),
     4: StagePreset(
         4,
-        STAGE_NAMES[4],
+        "prefix",
         PrefixCachingKVCacheManager,
         StaticScheduler,
         PromptSharing,
-        PagedAttention,
         "How much prefill does a shared prefix save?",
         (
             "vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH)",
             "vllm/v1/core/block_pool.py (cached_block_hash_to_block, touch)",
             "vllm/v1/core/kv_cache_manager.py (get_computed_blocks)",
         ),
+        "04-prefix-caching",
         uses=frozenset({"enable_prefix_caching"}),
         defaults={"enable_prefix_caching": True},
     ),
     5: StagePreset(
         5,
-        STAGE_NAMES[5],
+        "continuous",
         SwappingKVCacheManager,
         ContinuousScheduler,
         PromptSharing,
-        TiledPagedAttention,
         "Throughput and latency vs static batching?",
         (
             "vllm/v1/core/sched/scheduler.py (schedule, _preempt_request)",
             "vllm/v1/core/sched/request_queue.py",
             "vllm/v1/request.py (RequestStatus)",
         ),
+        "05-continuous-batching",
         uses=CONTINUOUS_FIELDS,
         defaults={"enable_prefix_caching": True},
+        backends=("tiled", "reference"),
     ),
     6: StagePreset(
         6,
-        STAGE_NAMES[6],
+        "kernel",
         SwappingKVCacheManager,
         ContinuousScheduler,
         PromptSharing,
-        TiledPagedAttention,  # the fallback where Triton cannot run; "triton" is attention/triton/backend.py
         "Parity, and speed on a GPU?",
         (
             "csrc/attention/attention_kernels.cuh (paged_attention_v1/v2, v0.10.2)",
@@ -140,34 +159,92 @@ STAGES: dict[int, StagePreset] = {
             "vllm/attention/ops/paged_attn.py (v0.10.2)",
             "vllm/v1/attention/ops/prefix_prefill.py",
         ),
+        "06-triton-kernel",
         uses=CONTINUOUS_FIELDS,
         defaults={"enable_prefix_caching": True},
-        backends=("triton", "torch"),
+        backends=("triton", "tiled", "reference"),  # tiled: the fallback where Triton cannot run
     ),
 }
 
 
-def make_attention(config, preset: StagePreset, kv_cache, num_queries_per_kv: int, head_dim: int, windows=()):
-    """The preset's torch backend, or the Triton one (imported only now) when the config resolved to it."""
-    if config.attention_backend == "triton":
-        from pagedlab.attention.triton.backend import TritonAttention
-
-        backend = TritonAttention(kv_cache, num_queries_per_kv, head_dim)
-    else:
-        backend = preset.attention(kv_cache, num_queries_per_kv, head_dim)
-    backend.windows = windows  # each layer's sliding window; () = none
-    return backend
+STAGE_NAMES = {n: p.name for n, p in STAGES.items()}
 
 
-def make_scheduler(config, preset: StagePreset, kv_manager):
-    return preset.scheduler(config, kv_manager, preset.sharing)
+def parse_stage(stage: int | str) -> int:
+    """'paged', 2 and '2' all mean stage 2."""
+    if isinstance(stage, str) and stage.isdigit():
+        stage = int(stage)
+    if isinstance(stage, int) and not isinstance(stage, bool) and stage in STAGES:
+        return stage
+    by_name = {p.name: n for n, p in STAGES.items()}
+    if isinstance(stage, str) and stage in by_name:
+        return by_name[stage]
+    choices = ", ".join(f"{n} ({p.name})" for n, p in STAGES.items())
+    raise ValueError(f"stage: unknown stage {stage!r}; choose one of {choices}")
 
 
-def get_preset(stage: int) -> StagePreset:
-    if stage not in STAGES:
-        done = ", ".join(f"{n} ({p.name})" for n, p in STAGES.items())
-        raise ValueError(f"stage: stage {stage} ({STAGE_NAMES[stage]}) is not implemented yet; implemented: {done}")
-    return STAGES[stage]
+def get_preset(stage: int | str) -> StagePreset:
+    return STAGES[parse_stage(stage)]
+
+
+# --- a stage's EngineConfig ------------------------------------------------------------------------------------
+
+
+def engine_config(stage: int | str, model_max_len: int, kv_bytes_per_token: int, **overrides) -> EngineConfig:
+    """The stage's EngineConfig from a user's settings: each checked against the preset, the rest its defaults,
+    then the defaults that depend on the model (config.py), the policy and the attention backend."""
+    preset = get_preset(stage)
+    overrides = EngineConfig.checked_overrides(overrides)
+    for name, value in overrides.items():
+        if value is not None and name in STAGE_FIELDS and name not in preset.uses:
+            raise ValueError(
+                f"{name}: stage {preset.number} ({preset.name}) does not use it; it is introduced by "
+                f"{introduced_by(name)}"
+            )
+    given = {k: v for k, v in overrides.items() if v is not None}
+    cfg = EngineConfig(stage=preset.number, stage_name=preset.name, **(preset.defaults | given))
+    cfg = cfg.with_defaults(model_max_len, kv_bytes_per_token)
+    if cfg.scheduling_policy not in POLICIES:
+        raise ValueError(f"scheduling_policy: {cfg.scheduling_policy!r} is not one of {tuple(POLICIES)}")
+    return replace(cfg, attention_backend=resolve_backend(cfg, preset))
+
+
+def config_for_model(stage: int | str, model_config, **overrides) -> EngineConfig:
+    """The settings for a model, from its config.json alone: built before a single weight is read."""
+    dtype = overrides.get("dtype") or "float32"
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {tuple(DTYPES)}")
+    if "sliding_window" in overrides:
+        raise ValueError("sliding_window: comes from the model's config.json (sliding_window, layer_types)")
+    per_token = kv_bytes_per_token(model_config, dtype)
+    cfg = engine_config(stage, model_config.max_position_embeddings, per_token, **overrides)
+    window = model_config.kv_window if cfg.stage >= 2 else None  # stage 1's regions are reserved whole
+    return replace(cfg, sliding_window=window or 0)
+
+
+def resolve_backend(cfg: EngineConfig, preset: StagePreset) -> str:
+    """The attention backend's name, among those the stage can run (preferred first; "torch" means its first
+    torch backend). The preferred one falls back to torch, with one warning, where it cannot run; one asked for
+    by name there is an error."""
+    torch_default = next(n for n in preset.backends if BACKENDS[n].family == "torch")
+    asked = torch_default if cfg.attention_backend == "torch" else cfg.attention_backend
+    if asked and asked not in BACKENDS:
+        raise ValueError(f"attention_backend: {asked!r} is not one of {('torch', *BACKENDS)}")
+    if asked and asked not in preset.backends:
+        first = min(n for n, p in STAGES.items() if asked in p.backends)
+        raise ValueError(
+            f"attention_backend: {asked!r} is introduced by stage {first} ({STAGES[first].name}), not stage {cfg.stage}"
+        )
+    backend = BACKENDS[asked or preset.backends[0]]
+    if backend.can_run(cfg.device):
+        return backend.name
+    if asked:
+        raise ValueError(f"attention_backend: {asked!r} needs {backend.needs} (device is {cfg.device!r})")
+    warnings.warn(
+        f"stage {cfg.stage}: {backend.name} cannot run here ({backend.needs}); using the torch attention backend",
+        stacklevel=4,
+    )
+    return torch_default
 
 
 def first_stage_using(name: str) -> int:
@@ -180,36 +257,44 @@ def first_stage_using(name: str) -> int:
 def introduced_by(name: str) -> str:
     """'stage 5 (continuous)', for messages about a setting a stage does not read."""
     first = first_stage_using(name)
-    return f"stage {first} ({STAGE_NAMES[first]})"
+    return f"stage {first} ({STAGES[first].name})"
 
 
-def highest_stage() -> int:
-    return max(STAGES)
+# --- the parts ----------------------------------------------------------------------------------------------------
+
+
+def make_attention(config, kv_cache, num_queries_per_kv: int, head_dim: int, windows=()):
+    """The backend the config resolved to (imported only now: Triton's only where it runs)."""
+    backend = BACKENDS[config.attention_backend].load()(kv_cache, num_queries_per_kv, head_dim)
+    backend.windows = windows  # each layer's sliding window; () = none
+    return backend
+
+
+def make_scheduler(config, preset: StagePreset, kv_manager):
+    return preset.scheduler(config, kv_manager, preset.sharing)
 
 
 def default_stage() -> int:
-    """ "continuous" once it exists (stage 6 only swaps the attention kernels)."""
-    return 5 if 5 in STAGES else highest_stage()
+    """ "continuous" (stage 6 only swaps the attention kernels)."""
+    return 5
 
 
 def describe(stage: int | str) -> str:
     """The wiring of one stage, as `pagedlab describe --stage N` prints it."""
-    p = get_preset(parse_stage(stage))
+    p = get_preset(stage)
     name = lambda cls: f"{cls.__module__}.{cls.__qualname__}"
-    attention = name(p.attention)
-    here = []
-    if "triton" in p.backends:
-        attention = f"pagedlab.attention.triton.backend.TritonAttention where Triton runs; else {attention}"
-        here = [f"  here       : {_backend_here()}"]
+    backends = [f"{BACKENDS[b].target.replace(':', '.')} ({b})" for b in p.backends]
     lines = [
         f"stage {p.number} ({p.name}): {p.question}",
         f"  KV manager : {name(p.kv_manager)}",
         f"  scheduler  : {name(p.scheduler)}, children scheduled by {name(p.sharing)}",
-        f"  attention  : {attention}",
+        f"  attention  : {backends[0]}" + (f"; else {', '.join(backends[1:])}" if len(backends) > 1 else ""),
         "  step()     : scheduler.schedule() -> runner.execute() -> scheduler.update()",
         "  in vLLM    : " + "; ".join(p.vllm_files),
     ]
-    return "\n".join(lines[:4] + here + lines[4:])
+    if "triton" in p.backends:
+        lines.insert(4, f"  here       : {_backend_here()}")
+    return "\n".join(lines)
 
 
 def _backend_here() -> str:
@@ -219,10 +304,8 @@ def _backend_here() -> str:
 
     import torch
 
-    from pagedlab.config import triton_can_run
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if triton_can_run(device):
+    if BACKENDS["triton"].can_run(device):
         how = "compiled for the GPU" if device == "cuda" else "in Triton's interpreter (TRITON_INTERPRET=1), slowly"
         return f"TritonAttention, {how}"
     if importlib.util.find_spec("triton") is None:

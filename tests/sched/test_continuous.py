@@ -5,19 +5,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedlab import SamplingParams
-from pagedlab.config import EngineConfig
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.output import ModelRunnerOutput
 from pagedlab.sched.sharing import PromptSharing
+from pagedlab.stages import engine_config
 from pagedlab.worker.block_table import BlockTableBuffer
 
 pytestmark = pytest.mark.stage5
 
 
 def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None):
-    cfg = EngineConfig.create(
+    cfg = engine_config(
         5,
         256,
         1,
@@ -89,6 +89,7 @@ def test_admission_stops_at_max_num_seqs_and_resumes_as_requests_finish():
 
 
 @pytest.mark.task("preempt")
+@pytest.mark.task("victim")
 def test_recompute_preemption_of_the_newest_request():
     # 5 blocks of 4 slots. a and b each hold 2 blocks after prefill; growing past 8 tokens needs a third.
     s = make(num_kv_blocks=5, budget=64)
@@ -184,6 +185,7 @@ def test_a_full_swap_pool_falls_back_to_recompute():
 
 
 @pytest.mark.task("preempt")
+@pytest.mark.task("victim")
 def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
     s = make(num_kv_blocks=5, budget=64, policy="priority")
     lax, urgent = req("lax", 7, 10, first=40, priority=5), req("urgent", 7, 10, priority=0, arrival_time=1.0)
@@ -246,6 +248,7 @@ def test_a_leader_swapped_out_mid_shared_prefill_still_stops_one_short():
 
 
 @pytest.mark.task("preempt")
+@pytest.mark.task("victim")
 def test_a_victim_tie_on_priority_and_arrival_is_broken_by_request_id():
     """Two requests with the same priority and arrival time, each needing 3 of the 4 blocks. With vLLM's key
     (priority, arrival) the tie goes to whichever runs first, and running order flips at every re-admission:
@@ -375,6 +378,7 @@ def random_stream(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts
 
 @pytest.mark.task("schedule")
 @pytest.mark.task("preempt")
+@pytest.mark.task("victim")
 def test_random_streams_keep_every_invariant():
     """The streams above, and proof that they reach the corner that once broke the runner's tables."""
     REACHED["fork preempted in its step"] = 0

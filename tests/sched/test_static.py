@@ -3,18 +3,18 @@
 import pytest
 
 from pagedlab import SamplingParams
-from pagedlab.config import EngineConfig
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.output import ModelRunnerOutput
 from pagedlab.sched.static import StaticScheduler
+from pagedlab.stages import engine_config
 
 pytestmark = [pytest.mark.stage1, pytest.mark.task("static-schedule")]
 
 
 def make(max_num_seqs=2, num_kv_blocks=8, max_num_batched_tokens=64):
     # block_size 4, max_model_len 16: a region is 4 blocks, so 8 blocks hold 2 regions.
-    cfg = EngineConfig.create(
+    cfg = engine_config(
         1,
         64,
         1,

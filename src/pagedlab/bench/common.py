@@ -57,18 +57,13 @@ def timing_llm(stage: int | str, **engine_args) -> LLM:
 
     Stages 1-4 read the reference attention, written to be obvious; the tiled one computes the same numbers
     with a few batched ops. Timing a static stage-4 engine against a continuous stage-5 one with two
-    different attention implementations would measure the implementations, not the schedulers.
+    different attention implementations would measure the implementations, not the schedulers. The backend
+    is chosen by name (attention/backends.py), so it is built as the engine builds any backend: with the
+    model's per-layer windows.
     """
-    from pagedlab.attention.paged import PagedAttention
-    from pagedlab.attention.tiled import TiledPagedAttention
     from pagedlab.llm import LLM
 
-    llm = LLM(stage=stage, **engine_args)
-    runner = llm.engine.runner
-    if type(runner.attention) is PagedAttention:
-        mc = llm.engine.model_config
-        runner.attention = TiledPagedAttention(runner.attention.kv_cache, mc.num_queries_per_kv, mc.head_dim)
-    return llm
+    return LLM(stage=stage, attention_backend="tiled", **engine_args)
 
 
 def write_rows_beside(result: dict, figure: Path, seconds: float) -> Path:

@@ -46,16 +46,9 @@ from pagedlab.errors import InvariantError, check
 def engine_llm(model: str, system: str, **engine_args):
     """A pagedlab LLM for a timed run, with the tiled torch attention at either stage (as bench/common.py's
     timing_llm does for the bundled model): static and continuous differ in their scheduler only."""
-    from pagedlab.attention.paged import PagedAttention
-    from pagedlab.attention.tiled import TiledPagedAttention
     from pagedlab.llm import LLM
 
-    llm = LLM(model, stage=ENGINE_STAGES[system], **engine_args)
-    runner = llm.engine.runner
-    if type(runner.attention) is PagedAttention:
-        mc = llm.engine.model_config
-        runner.attention = TiledPagedAttention(runner.attention.kv_cache, mc.num_queries_per_kv, mc.head_dim)
-    return llm
+    return LLM(model, stage=ENGINE_STAGES[system], attention_backend="tiled", **engine_args)
 
 
 def serve_engine(llm, stream: list[ChatRequest]) -> Run:

@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
-from pagedlab.config import EngineConfig
+from pagedlab.config import cdiv
 from pagedlab.errors import check
 from pagedlab.request import Request
 from pagedlab.sampling_params import SamplingParams
@@ -44,11 +44,11 @@ EOS = 1
 
 def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMPT_LEN, block_size: int = BLOCK_SIZE):
     """The stage-5 scheduler and KV manager, sized so that `num_running` requests decode `steps` tokens unhindered."""
-    from pagedlab.stages import get_preset, make_scheduler
+    from pagedlab.stages import engine_config, get_preset, make_scheduler
 
     max_len = prompt_len + steps + 2
-    blocks = num_running * -(-max_len // block_size)
-    config = EngineConfig.create(
+    blocks = num_running * cdiv(max_len, block_size)
+    config = engine_config(
         STAGE,
         max_len,
         1,  # bytes per KV token: no cache is allocated, so any positive value

@@ -260,8 +260,8 @@ def system_jobs(
     """(name -> a call that serves the whole stream once, name -> the row's extra fields, the stream, the config),
     the systems in ENGINE_SYSTEMS order, then hf-generate; torch warmed up."""
     from pagedlab.bench.hf_generate import hf_job
-    from pagedlab.config import parse_stage
     from pagedlab.llm import LLM
+    from pagedlab.stages import parse_stage
 
     wanted = systems or (*(s.name for s in ENGINE_SYSTEMS), HF_SYSTEM)
     warm_up = LLM(stage="continuous", max_num_seqs=max_num_seqs, block_size=block_size)

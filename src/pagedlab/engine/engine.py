@@ -48,7 +48,7 @@ class LLMEngine:
             mc.num_hidden_layers, config.num_kv_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim,
             dtype, config.device,
         )  # fmt: skip
-        attention = make_attention(config, preset, kv_cache, mc.num_queries_per_kv, mc.head_dim, mc.layer_windows)
+        attention = make_attention(config, kv_cache, mc.num_queries_per_kv, mc.head_dim, mc.layer_windows)
         self.runner = ModelRunner(config, loaded.model, attention)
         self.inputs = InputProcessor(config, mc, loaded.tokenizer, self.scheduler, self.owner_of)
         self.output_processor = OutputProcessor(loaded.tokenizer)

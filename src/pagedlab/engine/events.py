@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedlab.engine.stats import StepTrace
+from pagedlab.sched.policies import POLICIES
 
 EVENT_KINDS = (
     "finish",
@@ -104,7 +105,7 @@ def step_events(trace: Sequence[StepTrace], index: int, config) -> list[StepEven
 
 def _preemptions(before: StepTrace, now: StepTrace, config) -> list[StepEvent]:
     events = []
-    victim = "the lowest priority" if config.scheduling_policy == "priority" else "the newest arrival"
+    victim = POLICIES[config.scheduling_policy].victim_words
     swapped_gpu = {gpu for gpu, _ in now.swap_out}
     for rid in now.preempted:
         blocks = tuple(before.block_tables.get(rid, ()))

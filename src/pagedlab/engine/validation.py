@@ -26,6 +26,7 @@ from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.request import Request, max_output_tokens
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 from pagedlab.sched.beam import BeamGroup, is_beam_id
+from pagedlab.sched.policies import POLICIES
 from pagedlab.stages import introduced_by
 
 
@@ -127,9 +128,10 @@ def max_logprobs(config: EngineConfig, vocab_size: int) -> int:
 def check_request_options(config: EngineConfig, priority, cache_salt, arrival_time) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ValueError(f"priority: expected an int, got {priority!r}")
-    if priority != 0 and config.scheduling_policy != "priority":
+    if priority != 0 and not POLICIES[config.scheduling_policy].uses_priority:
         raise ValueError(
-            f"priority: {priority} needs scheduling_policy='priority' ({introduced_by('scheduling_policy')})"
+            f"priority: {priority} needs a policy that orders by priority, scheduling_policy='priority' "
+            f"({introduced_by('scheduling_policy')})"
         )
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValueError(f"cache_salt: expected a string, got {cache_salt!r}")

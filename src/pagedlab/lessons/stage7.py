@@ -24,7 +24,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from pagedlab import viz
-from pagedlab.config import EngineConfig, kv_bytes_per_token
+from pagedlab.config import kv_bytes_per_token
 from pagedlab.engine.stats import StepTrace
 from pagedlab.lessons.common import _save
 from pagedlab.llm import LLM
@@ -32,6 +32,7 @@ from pagedlab.model.config import ModelConfig
 from pagedlab.model.registry import SMOLLM2, is_fetched, model_dir
 from pagedlab.outputs import RequestOutput
 from pagedlab.sampling_params import SamplingParams
+from pagedlab.stages import config_for_model
 
 STAGE7_MODEL = SMOLLM2.name  # "smollm2-135m-instruct"
 STAGE7_SYSTEM = (
@@ -129,7 +130,7 @@ def kv_sizes(mc: ModelConfig) -> list[KVSize]:
     out = []
     for label, shape in (("GQA", mc), ("MHA", as_mha(mc))):
         per_dtype = {dtype: kv_bytes_per_token(shape, dtype) for dtype in ("float32", "bfloat16")}
-        blocks = EngineConfig.for_model(5, shape, kv_cache_memory=STAGE7_BUDGET).num_kv_blocks
+        blocks = config_for_model(5, shape, kv_cache_memory=STAGE7_BUDGET).num_kv_blocks
         heads = shape.num_key_value_heads
         out.append(KVSize(f"{label}: {heads} KV heads", heads, per_dtype, blocks))
     return out

@@ -28,7 +28,7 @@ from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.beam import BeamGroup
 from pagedlab.sched.groups import NoSharing, RequestTable
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput, SchedulerUpdate
-from pagedlab.sched.queue import make_queue
+from pagedlab.sched.policies import POLICIES
 
 
 def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
@@ -52,7 +52,8 @@ class Scheduler:
         self.kv = kv_manager
         self.requests = RequestTable()  # every live group and beam search
         self.sharing = sharing(self.requests)  # how a group's children are scheduled (stage 3: they share)
-        self.waiting = make_queue(config.scheduling_policy)  # groups, in the order they will be admitted
+        self.policy = POLICIES[config.scheduling_policy]  # the waiting queue's order and the victim rule
+        self.waiting = self.policy.queue()  # groups, in the order they will be admitted
         self.running: list[Request] = []  # admitted requests holding KV, in admission order
         self.finished_req_ids: set[str] = set()  # ended since the last schedule(); the runner drops them
         self.num_preemptions = 0  # requests preempted so far (stage 5)

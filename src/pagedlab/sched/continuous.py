@@ -143,16 +143,12 @@ class ContinuousScheduler(Scheduler):
         self._send_table(request, out)
 
     # BEGIN SOLUTION
-    # TASK preempt (35 pts): choose the victim (FCFS: the newest; priority: the largest (priority, arrival, id)),
-    # preempt its whole group (swap out if asked and it fits, else recompute), refund tokens it was given this step,
-    # withdraw any table sent for it this step (a fork's), admit nobody after.
+    # TASK preempt (25 pts): preempt the policy's victim with its whole group (swap out if asked and it fits, else
+    # recompute), refund tokens it was given this step, withdraw any table sent for it this step (a fork's), admit
+    # nobody after.
     def _victim_group(self) -> list[Request]:
-        """FCFS: the newest running request's group; priority: the group of the largest (priority, arrival,
-        request id), the waiting queue's own order, so the most urgent request always makes progress."""
-        if self.config.scheduling_policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time, r.request_id))
-        else:
-            victim = self.running[-1]
+        """Every running member of the group of the policy's victim (sched/policies.py)."""
+        victim = self.policy.victim(self.running)
         return [r for r in self.running if r.group_id == victim.group_id]
 
     def _preempt(self, group: list[Request], out: SchedulerOutput) -> None:

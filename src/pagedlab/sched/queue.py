@@ -1,4 +1,4 @@
-"""Stage 5: the waiting queue, as groups: FCFS (a deque) or priority (a heap).
+"""Stage 5: the waiting queue, as groups: FCFS (a deque) or priority (a heap), and each one's victim rule.
 
 Builds on: request.py.
 Read with: chapters/05-continuous-batching.md.
@@ -96,5 +96,18 @@ class PriorityQueue(FCFSQueue):
         return len(self._heap)
 
 
-def make_queue(policy: str) -> FCFSQueue:
-    return PriorityQueue() if policy == "priority" else FCFSQueue()
+# BEGIN SOLUTION
+# TASK victim (10 pts): each policy's victim rule: which running request to preempt when one cannot get blocks.
+def newest(running: list[Request]) -> Request:
+    """FCFS: the request admitted last (vLLM: `self.running[-1]`); the oldest is never the victim while another
+    runs, so it always makes progress."""
+    return running[-1]
+
+
+def least_urgent(running: list[Request]) -> Request:
+    """Priority: the largest (priority, arrival_time, group id), the waiting queue's own order, so the most urgent
+    group always makes progress (vLLM's key stops at arrival_time: chapter 5's ledger says why not here)."""
+    return max(running, key=lambda r: (r.priority, r.arrival_time, r.group_id))
+
+
+# END SOLUTION

@@ -38,29 +38,11 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedlab.config import STAGE_NAMES, parse_stage
+from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
 _TASK = re.compile(r"#\s*TASK\s+([a-z0-9][a-z0-9-]*)\s+\((\d+)\s+pts?((?:,\s*[a-z]+[ =]\w+)*)\):\s*(.*)")
 _STAGE = re.compile(r'"""Stage (\d):')
-NOTEBOOKS = {
-    1: "01_contiguous_static",
-    2: "02_paged_blocks",
-    3: "03_copy_on_write",
-    4: "04_prefix_caching",
-    5: "05_continuous_batching",
-    6: "06_triton_kernel",
-}
-CHAPTERS = {
-    1: "01-contiguous-static",
-    2: "02-paged-blocks",
-    3: "03-copy-on-write",
-    4: "04-prefix-caching",
-    5: "05-continuous-batching",
-    6: "06-triton-kernel",
-}
-
-
 @dataclass
 class Region:
     """One marked solution region: a task."""
@@ -261,11 +243,11 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
 
 
 def _copy_reading(root: Path, out: Path, number: int) -> None:
-    notebook = root / "notebooks" / f"{NOTEBOOKS[number]}.ipynb"
+    notebook = root / STAGES[number].notebook
     if notebook.exists():
         (out / "notebooks").mkdir(exist_ok=True)
         shutil.copy(notebook, out / "notebooks" / notebook.name)
-    chapter = root / "chapters" / f"{CHAPTERS[number]}.md"
+    chapter = root / STAGES[number].chapter
     if chapter.exists():
         (out / "chapters").mkdir(exist_ok=True)
         shutil.copy(chapter, out / "chapters" / chapter.name)
@@ -278,7 +260,7 @@ def handout(number: int, tasks: list[dict], root: Path) -> str:
     lines = [
         f"# pagedlab assignment: stage {number} ({STAGE_NAMES[number]}), {total} points",
         "",
-        f"Read `chapters/{CHAPTERS[number]}.md` first. Each task below is a region between `# BEGIN SOLUTION`",
+        f"Read `{STAGES[number].chapter}` first. Each task below is a region between `# BEGIN SOLUTION`",
         "and `# END SOLUTION` whose code is a stub that raises `NotImplementedError` (inside a Triton kernel:",
         "`pass`, and its launcher raises; delete that line once the kernel is written). Earlier stages are complete.",
         "",
@@ -304,7 +286,7 @@ def handout(number: int, tasks: list[dict], root: Path) -> str:
         "Run the graded tests yourself:",
         "",
         "```bash",
-        f"PYTHONPATH=src python -m pytest -q -m 'stage{number} and task' {' '.join(files)}",
+        f"PYTHONPATH=src python -m pytest -q -m '{STAGES[number].marker} and task' {' '.join(files)}",
         "```",
         "",
         "and see your score as the grader computes it (the same screening, the same points):",
@@ -319,7 +301,7 @@ def handout(number: int, tasks: list[dict], root: Path) -> str:
     for t in tasks:
         lines += [f"**`{t['id']}`** ({t['points']} points over {len(t['tests'])} tests):", ""]
         lines += [f"- `{test}`" for test in t["tests"]] + [""]
-    chapter = root / "chapters" / f"{CHAPTERS[number]}.md"
+    chapter = root / STAGES[number].chapter
     if chapter.exists() and "## Exercises" in chapter.read_text():
         lines += ["## Exercises (from the chapter)", "", chapter.read_text().split("## Exercises", 1)[1].strip()]
     return "\n".join(lines) + "\n"

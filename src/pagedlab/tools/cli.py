@@ -90,10 +90,9 @@ def _echo(prompt: str, line: str | None) -> str:
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
-    from pagedlab.config import parse_stage
     from pagedlab.stages import default_stage, describe
 
-    print(describe(default_stage() if args.stage is None else parse_stage(args.stage)))
+    print(describe(default_stage() if args.stage is None else args.stage))
     return 0
 
 
@@ -293,6 +292,7 @@ def _add_generate(sub) -> None:
 def _cmd_assignment(args: argparse.Namespace) -> int:
     import json
 
+    from pagedlab.stages import STAGES
     from pagedlab.tools import assignment, grading
 
     if args.action == "make":
@@ -301,7 +301,7 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
         print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
         return 0
     if args.action == "check":
-        rows = grading.check_stages([int(n) for n in args.stages] or range(1, 7))
+        rows = grading.check_stages([int(n) for n in args.stages] or list(STAGES))
         print(grading.check_table(rows))
         return 0 if all(r["reference"] == r["max_score"] and r["untouched"] <= r["max_score"] / 10 for r in rows) else 1
     if args.action == "gradescope":

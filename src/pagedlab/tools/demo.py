@@ -34,7 +34,6 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from pagedlab.config import parse_stage
 from pagedlab.engine.events import step_events
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL
@@ -141,7 +140,7 @@ def make_llm(opts: DemoOptions) -> LLM:
 def _stage_settings(opts: DemoOptions) -> dict:
     """The scenario's chunk size where the stage chunks prefills; a preemption mode only if one was given
     (the engine refuses it at a stage that never preempts)."""
-    uses = get_preset(default_stage() if opts.stage is None else parse_stage(opts.stage)).uses
+    uses = get_preset(default_stage() if opts.stage is None else opts.stage).uses
     chunks = {"long_prefill_token_threshold": opts.long_prefill_token_threshold}
     optional = {name: getattr(opts, name) for name in ("preemption_mode", "scheduling_policy", "enable_prefix_caching")}
     given = {name: value for name, value in optional.items() if value is not None}

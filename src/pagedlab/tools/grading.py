@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.config import STAGE_NAMES, parse_stage
+from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 from pagedlab.tools import assignment
 from pagedlab.tools.screening import screen
 
@@ -130,7 +130,7 @@ def collect_tasks(stage: int | str) -> dict[str, list[str]]:
     return {t: [c["id"] for c in collected if t in c["tasks"]] for t in tasks}
 
 
-def check_stages(stages=range(1, 7), out=sys.stderr) -> list[dict]:
+def check_stages(stages=tuple(STAGES), out=sys.stderr) -> list[dict]:
     """A teacher's check of every stage: an untouched copy should score <= 10 %, the reference 100 %.
 
     One row per stage: tasks, points, both scores, both grading times (seconds, this machine)."""
