@@ -79,10 +79,10 @@ strip-notebooks: $(VENV)/.stamp-dev
 	$(PY) -m nbstripout notebooks/*.ipynb
 
 book: $(VENV)/.stamp-dev smollm2  ## README, chapters and executed notebooks as one HTML site: build/book/index.html
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pagedlab.tools.book --out build/book
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) scripts/book.py --out build/book
 
 check-vllm-refs: $(VENV)/.stamp-runtime  ## maintainers: every vLLM file and symbol cited exists at its pinned tag (downloads 55 MiB)
-	$(PY) -m pagedlab.tools.vllm_refs
+	$(PY) scripts/check_vllm_refs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

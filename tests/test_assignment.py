@@ -1,5 +1,5 @@
 """Course assignments: regions are well formed; student copies fail with the task's message and keep earlier
-stages working; for every stage an untouched copy scores at most 10 % and the reference 100 % (tools/grading.py)."""
+stages working; for every stage an untouched copy scores at most 10 % and the reference 100 % (course/grading.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import pagedlab
+from pagedlab.course import assignment, grading, regions
 from pagedlab.stages import STAGES
-from pagedlab.tools import assignment, grading
 
 SRC = Path(pagedlab.__file__).parent
 
@@ -29,39 +29,37 @@ SMOKE = {
 
 
 def test_every_region_is_well_formed_and_every_stage_has_tasks_worth_100():
-    regions = assignment.find_regions(SRC)
-    assert {r.stage for r in regions} == {1, 2, 3, 4, 5, 6}
-    for r in regions:
+    found = regions.find_regions(SRC)
+    assert {r.stage for r in found} == set(STAGES)
+    for r in found:
         assert r.task and len(r.task) > 20, f"{r.label}: a task hint should say what to implement"
         assert r.points > 0
     for stage in STAGES:
-        assert sum(r.points for r in regions if r.stage == stage) == 100
-    for path in {r.path for r in regions}:  # every student copy still parses, and keeps its markers
-        stubbed = assignment.stub_source(path.read_text(), [r for r in regions if r.path == path])
+        assert sum(r.points for r in found if r.stage == stage) == 100
+    for path in {r.path for r in found}:  # every student copy still parses, and keeps its markers
+        stubbed = regions.stub_source(path.read_text(), [r for r in found if r.path == path])
         ast.parse(stubbed)
-        assert [r.task_id for r in assignment.file_regions(path, stubbed)] == [
-            r.task_id for r in regions if r.path == path
-        ]
+        assert [r.task_id for r in regions.file_regions(path, stubbed)] == [r.task_id for r in found if r.path == path]
 
 
 def test_a_malformed_region_is_reported(tmp_path):
     (tmp_path / "bad.py").write_text('"""Stage 2: x."""\n# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n')
     with pytest.raises(ValueError, match=r"bad.py:3: a region must start with a '# TASK name \(P pts\): ...' line"):
-        assignment.find_regions(tmp_path)
+        regions.find_regions(tmp_path)
     (tmp_path / "bad.py").write_text('"""Stage 2: x."""\n# BEGIN SOLUTION\n# TASK t (5 pts): t\nx = 1\n')
     with pytest.raises(ValueError, match="without # END SOLUTION"):
-        assignment.find_regions(tmp_path)
+        regions.find_regions(tmp_path)
     (tmp_path / "bad.py").write_text(
         '"""Stage 2: x."""\n# BEGIN SOLUTION\n# TASK t (5 pts, color=red): t\n# END SOLUTION\n'
     )
     with pytest.raises(ValueError, match="unknown option"):
-        assignment.find_regions(tmp_path)
+        regions.find_regions(tmp_path)
 
 
 def test_a_task_line_names_its_points_stage_and_launcher():
     src = '"""Stage 1: x."""\n# BEGIN SOLUTION\n# TASK k (7 pts, stage 2, launcher=go): write\n'
     src += "# the kernel\npass\n# END SOLUTION\n"
-    (r,) = assignment.file_regions(Path("x.py"), src)
+    (r,) = regions.file_regions(Path("x.py"), src)
     assert (r.task_id, r.points, r.stage, r.launcher, r.task, r.header) == ("k", 7, 2, "go", "write the kernel", 2)
 
 
@@ -70,8 +68,8 @@ def test_stubs_keep_signatures_docstrings_and_markers():
         '"""Stage 2: x."""\nclass A:\n    # BEGIN SOLUTION\n    # TASK well (5 pts): do it well\n'
         '    def f(self, n: int) -> int:\n        """Doc."""\n        return n + 1\n    # END SOLUTION\n'
     )
-    (region,) = assignment.file_regions(Path("x.py"), src)
-    out = assignment.stub_source(src, [region])
+    (region,) = regions.file_regions(Path("x.py"), src)
+    out = regions.stub_source(src, [region])
     assert "    # BEGIN SOLUTION\n    # TASK well (5 pts): do it well\n" in out and "    # END SOLUTION" in out
     ns: dict = {}
     exec(compile(out, "x.py", "exec"), ns)
@@ -111,7 +109,7 @@ def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, 
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_an_untouched_copy_scores_at_most_10_percent_and_the_reference_full_marks(stage):
-    (row,) = grading.check_stages([stage])
+    (row,) = assignment.check_stages([stage])
     if not row["blocked"]:
         assert row["max_score"] == 100, row
     assert row["reference"] == row["max_score"] > 0, row  # GPU-only tests, on a CPU: blocked, not counted

@@ -1,6 +1,6 @@
 """Foundation: `make book` turns the README, chapters and notebooks into one HTML site with no broken links.
 
-Builds on: tools/book.py.
+Builds on: scripts/book.py.
 Read with: README.md (the chapters), tests/test_chapters.py (the same links, checked in the Markdown).
 
 The whole site is built once without executing the notebooks (about a second); one notebook, the
@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 
 import nbformat
 import pytest
+from scripts import book
 
-from pagedlab.tools import book
 from tests.test_chapters import anchors
 
 ROOT = Path(__file__).resolve().parents[1]

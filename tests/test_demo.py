@@ -11,9 +11,10 @@ import time
 import pytest
 from rich.console import Console
 
+from pagedlab.lessons.demo import DemoOptions
 from pagedlab.tools.cli import main
-from pagedlab.tools.demo import DemoOptions, run_demo, summarize
-from pagedlab.tools.demo_view import BACK, NEXT, QUIT, key_reader
+from pagedlab.tools.demo import run_demo, summarize
+from pagedlab.tools.demo_keys import BACK, NEXT, QUIT, key_reader
 
 
 def run(console_width=80, keys=None, **options):

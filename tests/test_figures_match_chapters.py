@@ -1,9 +1,9 @@
 """The bench figures beside the chapters and the numbers the chapters quote come from one run: the committed JSON.
 
-Builds on: bench/figures.py (which bench draws which figure), bench/chapter_tables.py (the tables, rendered).
+Builds on: bench/figures.py (which bench draws which figure), scripts/chapter_tables.py (the tables, rendered).
 Read with: chapters/97-architecture.md (Benchmarks).
 
-A chapter quotes a bench through a marked table or paragraph (bench/chapter_tables.py):
+A chapter quotes a bench through a marked table or paragraph (scripts/chapter_tables.py):
 
     <!-- from figures/05_throughput.json: systems -->       the next table must be exactly the one rendered
     <!-- numbers from figures/05_throughput.json -->        the next paragraph's measured numbers must appear
@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 
 import pytest
+from scripts.chapter_tables import CHAPTER_TABLES
 
-from pagedlab.bench.chapter_tables import CHAPTER_TABLES
 from pagedlab.bench.common import read_rows, write_rows_beside
 from pagedlab.bench.figures import BENCH_FIGURES, redraw_bench_figure, rows_path
 

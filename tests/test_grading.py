@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import pagedlab
+from pagedlab.course import assignment, gradescope, grading, regions
+from pagedlab.course.screening import screen
 from pagedlab.stages import STAGES
-from pagedlab.tools import assignment, grading
-from pagedlab.tools.screening import screen
 
 SRC = Path(pagedlab.__file__).parent
 ROOT = SRC.parents[1]
@@ -37,8 +37,8 @@ def workspace(handout, tmp_path) -> Path:
     return Path(shutil.copytree(handout, tmp_path / "hw2"))
 
 
-def region(task_id: str) -> assignment.Region:
-    return next(r for r in assignment.find_regions(SRC) if r.task_id == task_id)
+def region(task_id: str) -> regions.Region:
+    return next(r for r in regions.find_regions(SRC) if r.task_id == task_id)
 
 
 def write_body(ws: Path, task_id: str, body: list[str]) -> None:
@@ -46,7 +46,7 @@ def write_body(ws: Path, task_id: str, body: list[str]) -> None:
     r = region(task_id)
     path = ws / r.path.relative_to(ROOT)
     lines = path.read_text().splitlines()
-    mine = next(m for m in assignment.file_regions(path, "\n".join(lines)) if m.task_id == task_id)
+    mine = next(m for m in regions.file_regions(path, "\n".join(lines)) if m.task_id == task_id)
     lines[mine.start + 1 + mine.header : mine.end] = body
     path.write_text("\n".join(lines) + "\n")
 
@@ -64,12 +64,10 @@ def by_task(result: dict) -> dict[str, dict]:
 
 
 def test_every_reference_body_passes_screening():
-    for r in assignment.find_regions(SRC):
+    for r in regions.find_regions(SRC):
         text = r.path.read_text()
         lines = text.splitlines()
-        assert screen("\n".join(r.body(lines)), r.indent(lines), text, assignment.whole_functions(lines, r)) == [], (
-            r.label
-        )
+        assert screen("\n".join(r.body(lines)), r.indent(lines), text, regions.whole_functions(lines, r)) == [], r.label
 
 
 FILE = "import torch\nimport numpy as np\nfrom pagedlab.kv.block_pool import KVCacheBlock\n\ndef f(x):\n    return x\n"
@@ -109,7 +107,7 @@ def test_screening_refuses_each_way_out(body, why):
 def test_the_safe_builtins_are_builtins_and_none_is_forbidden():
     import builtins
 
-    from pagedlab.tools.screening import FORBIDDEN_NAMES, SAFE_BUILTINS
+    from pagedlab.course.screening import FORBIDDEN_NAMES, SAFE_BUILTINS
 
     assert all(hasattr(builtins, name) for name in SAFE_BUILTINS) and not SAFE_BUILTINS & FORBIDDEN_NAMES
 
@@ -197,10 +195,10 @@ def test_a_body_that_reaches_the_reference_is_refused_and_an_honest_one_scores(w
 def test_a_missing_region_scores_zero_for_its_task_only(workspace):
     path = workspace / "src" / "pagedlab" / "kv" / "block_pool.py"
     text = path.read_text()
-    first = text.index(assignment.BEGIN)
-    path.write_text(text[:first] + text[first:].replace(assignment.BEGIN, "# (markers removed)", 1))
+    first = text.index(regions.BEGIN)
+    path.write_text(text[:first] + text[first:].replace(regions.BEGIN, "# (markers removed)", 1))
     with pytest.raises(ValueError):
-        assignment.file_regions(path, path.read_text())
+        regions.file_regions(path, path.read_text())
     result = grading.grade(workspace, 2, keyword=FAST)
     assert {t["id"]: t["status"] for t in result["tasks"]}["free-queue"] == "missing"
     assert result["score"] == 0
@@ -280,15 +278,15 @@ def test_the_grader_never_trusts_a_line_without_the_nonce(tmp_path):
 
 def test_points_are_split_over_each_tasks_tests():
     tests_of = grading.collect_tasks(2)
-    regions = {r.task_id: r for r in assignment.stage_regions(ROOT, 2)}
-    assert set(tests_of) == set(regions) and all(tests_of.values())
-    assert sum(r.points for r in regions.values()) == 100
+    stage2 = {r.task_id: r for r in regions.stage_regions(ROOT, 2)}
+    assert set(tests_of) == set(stage2) and all(tests_of.values())
+    assert sum(r.points for r in stage2.values()) == 100
     for stage in STAGES:  # every task of every stage has its points and at least one test
-        assert sum(r.points for r in assignment.stage_regions(ROOT, stage)) == 100
+        assert sum(r.points for r in regions.stage_regions(ROOT, stage)) == 100
 
 
 def test_every_task_tag_names_a_task():
-    ids = {r.task_id for r in assignment.find_regions(SRC)}
+    ids = {r.task_id for r in regions.find_regions(SRC)}
     import re
 
     for path in (ROOT / "tests").rglob("test_*.py"):
@@ -310,7 +308,7 @@ def test_results_have_gradescopes_shape_even_when_grading_fails(tmp_path):
 
 
 def test_gradescope_autograder_files(tmp_path, handout):
-    files = grading.write_gradescope(2, tmp_path / "ag")
+    files = gradescope.write_gradescope(2, tmp_path / "ag")
     setup, run, source, archive = files
     assert run.read_text().count("--stage 2") == 1 and run.stat().st_mode & 0o111
     assert "pip install -q -e" in setup.read_text() and (source / "src" / "pagedlab" / "kv" / "block_pool.py").exists()
@@ -321,6 +319,6 @@ def test_gradescope_autograder_files(tmp_path, handout):
     assert tests and all(
         set(t) == {"name", "score", "max_score", "status", "output", "visibility", "tags"} for t in tests
     )
-    assert set(grading.gradescope_json(result)) == {
+    assert set(gradescope.gradescope_json(result)) == {
         "score", "execution_time", "output", "visibility", "stdout_visibility", "tests",
     }  # fmt: skip

@@ -31,7 +31,9 @@ def run_all(engine, limit: int = 500) -> dict:
     raise AssertionError(f"still unfinished after {limit} steps")
 
 
-TORCH_STAGES = [pytest.param(n, marks=getattr(pytest.mark, p.marker)) for n, p in STAGES.items() if p.backends[0] != "triton"]
+TORCH_STAGES = [
+    pytest.param(n, marks=getattr(pytest.mark, p.marker)) for n, p in STAGES.items() if p.backends[0] != "triton"
+]
 
 
 @pytest.mark.parametrize("stage", TORCH_STAGES)

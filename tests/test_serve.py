@@ -17,8 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedlab.lessons.serving import BackgroundServer
-from pagedlab.tools import serve
+from pagedlab import SamplingParams, serve
 from tests.conftest import need_smollm2
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -50,11 +49,11 @@ def get(url: str) -> str:
         return ""
 
 
-class Server(BackgroundServer):
-    """A pagedlab server in a thread of this process (lessons/serving.py), with a real openai client."""
+class Server(serve.ThreadedServer):
+    """A pagedlab server in a thread of this process (serve/server.py), with a real openai client."""
 
     def __init__(self, model: str = "tiny-shakespeare", chat_template: str | None = CHAT_TEMPLATE, **engine):
-        super().__init__(model, chat_template, **(engine or ENGINE))
+        super().__init__(serve.build_state(model, engine or ENGINE, chat_template=chat_template))
         wait_until(lambda: get(self.url + "/health"))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
@@ -224,7 +223,7 @@ def test_the_live_view_draws_the_servers_steps():
         view = serve.LiveView(console=Console(record=True, width=80, file=open(os.devnull, "w")))
 
         async def run():
-            outputs = state.engine.generate("r1", "ROMEO:", serve.SamplingParams(max_tokens=30, ignore_eos=True))
+            outputs = state.engine.generate("r1", "ROMEO:", SamplingParams(max_tokens=30, ignore_eos=True))
             async for _ in outputs:
                 view.console.print(view.frame(state.engine))
                 break

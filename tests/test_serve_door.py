@@ -1,4 +1,4 @@
-"""`pagedlab serve` tried as a hostile client (tools/serve_protocol.py): every field bounded at the door, the
+"""`pagedlab serve` tried as a hostile client (serve/protocol.py): every field bounded at the door, the
 body capped, prompts tokenized off the engine thread, a non-streaming client that leaves aborted, chat
 templates bounded in time and size, one chunk per choice, logprobs served. Each case ends with the server
 healthy and another request served as if nothing had happened. Every loop is bounded."""

@@ -14,8 +14,8 @@ from html.parser import HTMLParser
 
 import pytest
 
+from pagedlab.lessons.demo import DemoOptions, demo_trace
 from pagedlab.tools.cli import main
-from pagedlab.tools.demo import DemoOptions
 from pagedlab.viz import page as step_through
 from pagedlab.viz.trace import from_json
 
@@ -29,7 +29,7 @@ SCENARIOS = {"continuous": {}, "contiguous": {"stage": 1}, "paged": {"stage": 2}
 @pytest.fixture(scope="module")
 def traces() -> dict[str, dict]:
     """The demo's scenario at stage 5 (recompute and swap), 1 and 2."""
-    return {name: step_through.demo_trace(DemoOptions(**opts)) for name, opts in SCENARIOS.items()}
+    return {name: demo_trace(DemoOptions(**opts)) for name, opts in SCENARIOS.items()}
 
 
 # --- without a browser -------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ def test_page_is_self_contained_and_embeds_the_trace(traces, name):
 def test_script_end_tags_in_texts_cannot_break_out():
     # A prompt that closes the script element early would run as HTML; escaped, it stays a JSON string.
     opts = DemoOptions(num_requests=1, max_tokens=2)
-    trace = step_through.demo_trace(opts)
+    trace = demo_trace(opts)
     trace["requests"]["0"]["prompt"] = "</script><script>alert(1)</script><!--"
     page = step_through.render_html(trace)
     assert page.count("</script>") == 2  # the trace's and the page's own
@@ -67,7 +67,7 @@ HOSTILE = "__TRACE__ __LAST__ __FRAMES__ __TITLE__ __PALETTE__ </script><img src
 
 def hostile_trace(max_tokens: int = 2) -> dict:
     """One short request whose prompt is HOSTILE."""
-    trace = step_through.demo_trace(DemoOptions(num_requests=1, max_tokens=max_tokens))
+    trace = demo_trace(DemoOptions(num_requests=1, max_tokens=max_tokens))
     trace["requests"]["0"]["prompt"] = HOSTILE
     return trace
 
@@ -307,7 +307,7 @@ def test_a_sliding_window_run_shows_its_null_block(pages, tmp_path):
     # Block 0 stands in for blocks behind the window: drawn as the null block, never as a free one.
     from pagedlab.lessons.window import windowed_bundled_model
 
-    trace = step_through.demo_trace(DemoOptions(model=str(windowed_bundled_model(16))))
+    trace = demo_trace(DemoOptions(model=str(windowed_bundled_model(16))))
     page = step_through.write_html(trace, tmp_path / "window.html")
     index = next(i for i, s in enumerate(trace["steps"]) if any(0 in t for t in s["tables"].values()))
     dom = dump_dom(page, f"#step={trace['steps'][index]['step']}")

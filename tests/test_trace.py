@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
-from pagedlab.tools.demo import DemoOptions, add_requests, make_llm
+from pagedlab.lessons.demo import DemoOptions, add_requests, make_llm
 from pagedlab.viz import trace as viz_trace
 
 

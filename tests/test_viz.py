@@ -419,7 +419,7 @@ def test_swapped_block_ids_read_the_swap_pool():
 @pytest.mark.stage5
 @pytest.mark.parametrize("mode, mark", [("recompute", "*"), ("swap", "~")])
 def test_demo_marks_preempted_requests_in_the_waiting_queue(mode, mark):
-    from pagedlab.tools.demo_view import waiting_labels
+    from pagedlab.viz.terminal import waiting_labels
 
     llm = LLM(
         stage=5, block_size=4, num_kv_blocks=5, max_num_batched_tokens=64, preemption_mode=mode, record_trace=True

@@ -1,4 +1,5 @@
-"""Stage 6: the kernel figures (viz/kernels.py) draw the launcher's own numbers, and the parity they plot holds.
+"""Stage 6: the kernel figures (viz/kernels.py) draw the launcher's own numbers (lessons/kernels.py), and the
+parity they plot holds.
 
 The decode figure is drawn from a dry launch of paged_decode (nothing runs); the parity rows run the kernels under
 Triton's interpreter, so the tests here take the smallest subset of cases.
@@ -28,10 +29,10 @@ def texts(fig: Figure) -> list[str]:
 def test_the_plan_is_what_the_launcher_launches():
     need_triton()
     from pagedlab.attention.triton import decode
-    from pagedlab.viz.kernels import DECODE_KERNELS, decode_plan, demo_case
+    from pagedlab.lessons.kernels import DECODE_KERNELS, demo_case, launch_plan
 
     kernels = {name: getattr(decode, name) for name in DECODE_KERNELS}
-    plan = decode_plan()  # notebook 06's case: 3 requests, 4 query heads over 2 KV heads, blocks of 16
+    plan = launch_plan()  # notebook 06's case: 3 requests, 4 query heads over 2 KV heads, blocks of 16
     assert plan.block_table == demo_case().block_table.tolist() == [[4, 3, 6], [8, 2, 1], [9, 5, 7]]
     assert plan.seq_lens == [37, 16, 5] and plan.num_blocks == 10
     assert plan.v1.grid == (3, 4) and plan.reduce.grid == (3, 4)  # one program per (request, query head)
@@ -45,9 +46,10 @@ def test_the_plan_is_what_the_launcher_launches():
 
 def test_the_decode_figure_shows_three_partitions_and_use_v1s_choice():
     need_triton()
+    from pagedlab.lessons.kernels import launch_plan
     from pagedlab.viz.kernels import draw_decode_programs
 
-    fig = draw_decode_programs()
+    fig = draw_decode_programs(launch_plan())
     drawn = texts(fig)
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     assert [t for t in drawn if t.startswith("part ")] == ["part 0: p 0-15", "part 1: p 16-31", "part 2: p 32-36"]
@@ -59,21 +61,24 @@ def test_the_decode_figure_shows_three_partitions_and_use_v1s_choice():
 
 def test_one_partition_is_v1s_case_and_the_figure_follows():
     need_triton()
-    from pagedlab.viz.kernels import decode_plan, draw_decode_programs
+    from pagedlab.lessons.kernels import launch_plan
+    from pagedlab.viz.kernels import draw_decode_programs
 
-    plan = decode_plan(partition_size=64)  # 37 tokens fit in one partition: use_v1 says V1
+    plan = launch_plan(partition_size=64)  # 37 tokens fit in one partition: use_v1 says V1
     assert plan.picks_v1 and plan.v2.grid == (3, 4, 1)
-    drawn = texts(draw_decode_programs(partition_size=64))
+    drawn = texts(draw_decode_programs(plan))
     assert "is True: paged_decode runs V1 for it" in drawn[-1]
     assert [t for t in drawn if t.startswith("part ")] == ["part 0: p 0-36"]
 
 
 def test_every_parity_row_is_within_its_tolerance():
     need_triton()
-    from pagedlab.viz.kernels import KERNELS, draw_parity
+    from pagedlab.lessons.kernels import KERNELS, parity_rows
+    from pagedlab.viz.kernels import draw_parity
 
     subset = dict(block_sizes=(16,), heads=((4, 1),), dtypes=("float16",), store_dtypes=("bfloat16",))
-    fig, rows = draw_parity(**subset)  # one case per kernel
+    rows = parity_rows(**subset)  # one case per kernel
+    fig = draw_parity(rows)
     assert isinstance(fig, Figure)
     assert [(r["kernel"], r["version"]) for r in rows] == [
         ("store_kv", None), ("paged_decode", "v1"), ("paged_decode", "v2"), ("paged_prefill", None)
@@ -90,8 +95,8 @@ def test_the_figures_are_saved_as_png_and_the_parity_rows_beside(tmp_path, monke
     need_triton()
     from pagedlab.lessons import stage6
 
-    real = stage6.draw_parity
-    monkeypatch.setattr(stage6, "draw_parity", lambda: real(kernels=("store_kv",), block_sizes=(16,)))
+    real = stage6.parity_rows
+    monkeypatch.setattr(stage6, "parity_rows", lambda: real(kernels=("store_kv",), block_sizes=(16,)))
     png, rows = stage6.fig_06_parity(tmp_path)
     assert (png, rows) == (tmp_path / "06_parity.png", tmp_path / "06_parity.json")
     assert png.read_bytes()[:8] == PNG
@@ -101,8 +106,7 @@ def test_the_figures_are_saved_as_png_and_the_parity_rows_beside(tmp_path, monke
 
 
 def test_without_triton_the_figure_is_skipped_with_the_reason(tmp_path, monkeypatch):
-    from pagedlab.lessons import stage6
-    from pagedlab.viz import kernels
+    from pagedlab.lessons import kernels, stage6
 
     def refuse():
         raise kernels.KernelsUnavailable("kernel: triton is not installed")

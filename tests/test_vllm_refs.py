@@ -1,5 +1,5 @@
 """Chapters that stay true: every vLLM citation is pinned, every chapter ends with a tour into vLLM and a
-ledger of differences whose tests exist, and the maintainer's checker (tools/vllm_refs.py) finds what it should.
+ledger of differences whose tests exist, and the maintainer's checker (scripts/check_vllm_refs.py) finds what it should.
 
 The download and the check against vLLM's real sources is `make check-vllm-refs` (not run here: no network).
 """
@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from pagedlab.tools import vllm_refs
+from scripts import check_vllm_refs as vllm_refs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "chapters").glob("*.md")) + [ROOT / "README.md"]

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from pagedlab.attention.base import causal_attention, repeat_kv
+from pagedlab.attention.paged import paged_reference
 from tests.conftest import need_triton
 
 pytestmark = pytest.mark.stage6
@@ -39,32 +39,10 @@ def paged_case(seq_lens, q_lens, block_size, num_heads, num_kv_heads, dtype, see
     return tuple(t.to(DEVICE) for t in (q, k_cache, v_cache, table, torch.tensor(seq_lens), qsl))
 
 
-def windowed_attention(q, k, v, scale, window):
-    """causal_attention with a sliding window: query i (at position Tk - Tq + i) sees keys i - window < j <= i."""
-    tq, tk = q.shape[0], k.shape[0]
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale  # [H, Tq, Tk]
-    q_pos = torch.arange(tk - tq, tk)[:, None]
-    k_pos = torch.arange(tk)[None, :]
-    scores = scores.masked_fill((k_pos > q_pos) | (k_pos <= q_pos - window), float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v.float())
-
-
 def reference(q, k_cache, v_cache, table, seq_lens, qsl, block_size, window=0):
-    """The torch reference: gather each request's context through its block table, attend causally
-    (within the last `window` keys of each query when window > 0)."""
-    q, k_cache, v_cache, table, seq_lens, qsl = (t.cpu() for t in (q, k_cache, v_cache, table, seq_lens, qsl))
-    out = torch.empty(q.shape, dtype=torch.float32)
-    rep = q.shape[1] // k_cache.shape[2]
-    for b, n in enumerate(seq_lens.tolist()):
-        pos = torch.arange(n)
-        slots = table[b, pos // block_size].long() * block_size + pos % block_size
-        k = repeat_kv(k_cache.view(-1, *k_cache.shape[2:])[slots].float(), rep)
-        v = repeat_kv(v_cache.view(-1, *v_cache.shape[2:])[slots].float(), rep)
-        if window:
-            out[qsl[b] : qsl[b + 1]] = windowed_attention(q[qsl[b] : qsl[b + 1]], k, v, D**-0.5, window)
-        else:
-            out[qsl[b] : qsl[b + 1]] = causal_attention(q[qsl[b] : qsl[b + 1]].float(), k, v, D**-0.5)
-    return out
+    """The one torch reference (attention/paged.py): each request's context gathered through its block table,
+    attended causally (within the last `window` keys of each query when window > 0)."""
+    return paged_reference(q, k_cache, v_cache, table, seq_lens.tolist(), qsl.tolist(), window or None)
 
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3}

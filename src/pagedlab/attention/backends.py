@@ -62,7 +62,12 @@ BACKENDS: dict[str, Backend] = {
         Backend("contiguous", "pagedlab.attention.contiguous:ContiguousAttention", "torch"),
         Backend("reference", "pagedlab.attention.paged:PagedAttention", "torch"),
         Backend("tiled", "pagedlab.attention.tiled:TiledPagedAttention", "torch"),
-        Backend("triton", "pagedlab.attention.triton.backend:TritonAttention", "triton", triton_can_run,
-                "Triton and a CUDA device, or TRITON_INTERPRET=1 on a CPU"),  # fmt: skip
+        Backend(
+            "triton",
+            "pagedlab.attention.triton.backend:TritonAttention",
+            "triton",
+            triton_can_run,
+            "Triton and a CUDA device, or TRITON_INTERPRET=1 on a CPU",
+        ),  # fmt: skip
     )
 }

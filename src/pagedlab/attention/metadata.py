@@ -20,7 +20,7 @@ import torch
 
 
 @dataclass(frozen=True, slots=True)
-class DecodePlan:
+class TiledDecodePlan:
     """The torch reference's gather for this step's decodes: N decodes, their contexts cut into NT tiles
     of block_size positions (attention/tiled.py, `plan_decode`)."""
 
@@ -47,9 +47,40 @@ class AttentionMetadata:
     prefill_rows: torch.Tensor  # [N_p] requests with more than one new token (prefill chunks)
     prefill_rows_cpu: list[int]  # the same, on the CPU
     max_query_len: int  # the longest prefill chunk this step
-    decode_plan: DecodePlan | None = None  # the tiled backend's gather, made by its prepare() once per step
+    decode_plan: TiledDecodePlan | None = None  # the tiled backend's gather, made by its prepare() once per step
     decode_plans: dict = field(default_factory=dict)  # the same per sliding window (None: full) when layers differ
 
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+
+def metadata_for(
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_table: torch.Tensor,
+    block_size: int,
+    slot_mapping: torch.Tensor | None = None,
+) -> AttentionMetadata:
+    """One step's metadata from its plain facts, as the runner builds it from a SchedulerOutput: for the torch
+    reference, a bench's case or a test. A request with one new token is a decode; more, a prefill chunk."""
+    dev = block_table.device
+    num_new = [end - start for start, end in zip(query_start_loc, query_start_loc[1:])]
+    decodes = [b for b, n in enumerate(num_new) if n == 1]
+    prefills = [b for b, n in enumerate(num_new) if n > 1]
+    rows = lambda ids: torch.tensor(ids, dtype=torch.int64, device=dev)  # noqa: E731
+    return AttentionMetadata(
+        query_start_loc=rows(query_start_loc),
+        query_start_loc_cpu=list(query_start_loc),
+        seq_lens=rows(seq_lens),
+        seq_lens_cpu=list(seq_lens),
+        slot_mapping=rows([]) if slot_mapping is None else slot_mapping,
+        block_table=block_table,
+        max_seq_len=max(seq_lens),
+        block_size=block_size,
+        decode_rows=rows(decodes),
+        decode_rows_cpu=decodes,
+        prefill_rows=rows(prefills),
+        prefill_rows_cpu=prefills,
+        max_query_len=max(num_new),
+    )

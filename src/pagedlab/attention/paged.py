@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from pagedlab.attention.contiguous import ContiguousAttention
-from pagedlab.attention.metadata import AttentionMetadata
+from pagedlab.attention.metadata import AttentionMetadata, metadata_for
 
 
 class PagedAttention(ContiguousAttention):
@@ -38,3 +38,20 @@ class PagedAttention(ContiguousAttention):
         return physical * bs + positions % bs
 
     # END SOLUTION
+
+
+def paged_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, window=None) -> torch.Tensor:
+    """The torch reference for paged attention, in float32 on the CPU: the new queries q[qsl[b] : qsl[b + 1]] of
+    each request over its first seq_lens[b] positions, gathered through its row of the block table by
+    PagedAttention's own context_slots (seeing only the last `window` keys of each query when given).
+
+    The Triton kernels, the tiled decode and the kernel bench are all checked against this one function, so
+    "correct" means one thing. q [T, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D]."""
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    meta = metadata_for(list(query_start_loc), list(seq_lens), block_table.cpu(), block_size)
+    reference = PagedAttention(None, q.shape[1] // kv_heads, q.shape[2])
+    k_flat = k_cache.reshape(-1, kv_heads, k_cache.shape[3]).float().cpu()  # [slots, KVH, D]
+    v_flat = v_cache.reshape(-1, kv_heads, v_cache.shape[3]).float().cpu()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    reference.attend(out, q.float().cpu(), k_flat, v_flat, meta, range(meta.num_reqs), window or None)
+    return out

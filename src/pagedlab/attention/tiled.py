@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedlab.attention.metadata import AttentionMetadata, DecodePlan
+from pagedlab.attention.metadata import AttentionMetadata, TiledDecodePlan
 from pagedlab.attention.paged import PagedAttention
 from pagedlab.attention.reference import store_kv
 
@@ -51,7 +51,7 @@ class TiledPagedAttention(PagedAttention):
         self.attend(out, q, k_flat, v_flat, meta, meta.prefill_rows_cpu, window)  # prefill chunks: the reference path
         return out
 
-    def plan_decode(self, meta: AttentionMetadata, window: int | None = None) -> DecodePlan:
+    def plan_decode(self, meta: AttentionMetadata, window: int | None = None) -> TiledDecodePlan:
         """Where every decode's context lives, worked out once per step (every layer reads the same slots).
 
         A decode's context is cut into tiles of block_size positions (at stage 2 a tile is exactly one
@@ -79,9 +79,9 @@ class TiledPagedAttention(PagedAttention):
         kv_rows = (slots.view(-1, 1, bs) * kvh + head[None, :, None]).reshape(-1)  # [NT*KVH*bs]
         bias = torch.zeros(len(owner), 1, 1, bs, device=dev).masked_fill_(padding[:, None, None, :], float("-inf"))
         tokens = meta.query_start_loc.index_select(0, rows)  # the one query token of each decode
-        return DecodePlan(tokens, owner, kv_rows, bias.expand(-1, kvh, 1, bs).reshape(-1, 1, bs))
+        return TiledDecodePlan(tokens, owner, kv_rows, bias.expand(-1, kvh, 1, bs).reshape(-1, 1, bs))
 
-    def _decode(self, q, k_flat, v_flat, plan: DecodePlan) -> torch.Tensor:
+    def _decode(self, q, k_flat, v_flat, plan: TiledDecodePlan) -> torch.Tensor:
         """All decodes at once, tile by tile, then one softmax per request over its tiles (in float32).
 
         Like the paged kernels (stage 6): each tile of block_size keys gets its scores and its share of

@@ -11,7 +11,7 @@ not apply), fractions as 0-1
 numbers and times in seconds. Adding a bench = one module + one entry in BENCHES (a long bench keeps its
 tables and figure in a NAME_report.py beside it). A bench whose figure a chapter shows writes the rows
 beside the figure in the same run (figures/NN_NAME.json: bench/common.py, bench/figures.py), and the
-chapter quotes those rows (bench/chapter_tables.py).
+chapter quotes those rows (scripts/chapter_tables.py renders them, for the tests and the maintainers).
 """
 
 from __future__ import annotations

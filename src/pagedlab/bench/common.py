@@ -1,7 +1,7 @@
 """Benchmarks: what several benches share: the corpus their prompts are cut from, engines built for timing, and
 the JSON rows written beside a figure.
 
-Builds on: llm.py, attention/tiled.py, tools/train.py (corpus_path).
+Builds on: llm.py, attention/tiled.py, model/loader.py (corpus_path).
 Read with: chapters/05-continuous-batching.md (Measurements), chapters/97-architecture.md (Benchmarks).
 
 A bench that draws a figure writes its rows beside it in the same run, so that the numbers a chapter
@@ -44,9 +44,8 @@ def torch_threads(n: int):
 def corpus_token_ids(tokenizer=None, num_chars: int | None = None) -> list[int]:
     """The bundled corpus (its first `num_chars` characters; all by default) as a tokenizer encodes it (the
     bundled one by default: <bos> first)."""
-    from pagedlab.model.loader import bundled_model_path
+    from pagedlab.model.loader import bundled_model_path, corpus_path
     from pagedlab.model.tokenizer import Tokenizer
-    from pagedlab.tools.train import corpus_path
 
     tokenizer = tokenizer or Tokenizer.from_file(bundled_model_path() / "tokenizer.json")
     return tokenizer.encode(corpus_path().read_text(encoding="utf-8")[:num_chars])

@@ -1,6 +1,6 @@
 """Benchmarks: `pagedlab bench kernel`, the stage-6 Triton kernels against the torch reference.
 
-Builds on: bench/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton/decode.py,
+Builds on: lessons/kernel_cases.py (the paged cases and each impl as a call over one), attention/triton/decode.py,
 attention/triton/prefill.py, attention/tiled.py (the torch path).
 Read with: chapters/97-architecture.md (Benchmarks), chapters/06-triton-kernel.md.
 
@@ -28,14 +28,13 @@ bandwidth_share null and the wall time of each call in `call_s`.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
 
 import torch
 
-from pagedlab.bench.kernel_cases import HeadShape, PagedCase, decode_impls, make_case, prefill_impl, reference
+from pagedlab.lessons.kernel_cases import HeadShape, PagedCase, decode_impls, make_case, prefill_impl, reference
+from pagedlab.lessons.kernels import select_mode
 
 GPU_BATCHES = (1, 8, 64)
 GPU_CONTEXTS = (512, 1024, 4096)
@@ -43,7 +42,6 @@ DTYPES = ("float16", "bfloat16", "float32")
 PREFILL_CHUNK = 512  # new tokens per request in the prefill rows (at most the context)
 CPU_BATCHES, CPU_CONTEXTS, CPU_PREFILL_CHUNK = (2,), (37,), 16  # 37 ends mid-block: the masks matter
 IMPLS = ("torch", "triton-v1", "triton-v2", "sdpa", "triton-prefill")  # the order of each configuration's rows
-KERNEL_MODULES = ("pagedlab.attention.triton.decode", "pagedlab.attention.triton.prefill")
 # Vendor spec sheets, GB/s; the first name contained in torch.cuda.get_device_name() wins (order matters).
 # fmt: off
 PEAK_GBPS = (
@@ -60,26 +58,6 @@ def peak_gbps_for(device_name: str) -> float | None:
     """The spec-sheet bandwidth of a device by name, or None if it is not in PEAK_GBPS."""
     name = device_name.lower()
     return next((float(gbps) for key, gbps in PEAK_GBPS if key.lower() in name), None)
-
-
-def select_mode(console) -> str | None:
-    """'gpu', 'interpreter' (set here if needed), or None when Triton cannot run in this process (said why)."""
-    if importlib.util.find_spec("triton") is None:
-        console.print("kernel: triton is not installed (`pip install triton`, Linux only): nothing to measure")
-        return None
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return "interpreter"  # chosen by the caller (the test suite does), even where CUDA exists
-    if torch.cuda.is_available():
-        return "gpu"
-    if any(m in sys.modules for m in KERNEL_MODULES):
-        console.print(
-            "kernel: no CUDA device, and pagedlab's Triton kernels were already imported without "
-            "TRITON_INTERPRET=1; run again in a fresh process (or set TRITON_INTERPRET=1 first)"
-        )
-        return None
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton and the kernels are imported (below, lazily)
-    console.print("kernel: no CUDA device: set TRITON_INTERPRET=1 before importing triton")
-    return "interpreter"
 
 
 def measure(fn, want: torch.Tensor, mode: str) -> dict:

@@ -113,7 +113,7 @@ def make_stream(
     tokenizer, num_requests: int = NUM_REQUESTS, output_lens: tuple[int, int] = OUTPUT_LENS, seed: int = 0
 ) -> list[ChatRequest]:
     """Seeded questions about passages of 1-8 corpus lines, and max_tokens drawn in `output_lens`."""
-    from pagedlab.tools.train import corpus_path
+    from pagedlab.model.loader import corpus_path
 
     lines = [line for line in corpus_path().read_text(encoding="utf-8")[:CORPUS_CHARS].splitlines() if line]
     rng, stream = random.Random(f"real-{seed}"), []

@@ -1,6 +1,6 @@
 """Benchmarks: `pagedlab bench serve`, a bounded load test of `pagedlab serve` on 127.0.0.1, continuous vs static.
 
-Builds on: tools/serve.py (the server, in a thread of this process), the `openai` client (streaming),
+Builds on: serve/server.py (the server, in a thread of this process), the `openai` client (streaming),
 bench/workloads.py (an Alpaca-like stream: short prompts and outputs), bench/rounds.py (taking turns).
 Read with: chapters/08-online-serving.md (Measurements), the paper's Figure 12 (normalized latency vs rate).
 
@@ -49,7 +49,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def _server(stage: int):
     """The benchmarked server: `pagedlab serve`'s app in a thread, the bundled model at one stage."""
-    from pagedlab.tools import serve
+    from pagedlab import serve
 
     llm = timing_llm(stage, **ENGINE)
     return serve.ThreadedServer(serve.build_state("tiny-shakespeare", {}, llm=llm))

@@ -1,7 +1,7 @@
 """Serving: one engine loop in its own thread, fed by many asyncio clients (chapters/08-online-serving.md).
 
 Builds on: engine/engine.py (LLMEngine: add_request, step, abort_request).
-Read with: chapters/08-online-serving.md, tools/serve.py (the HTTP server around it).
+Read with: chapters/08-online-serving.md, serve/server.py (the HTTP server around it).
 
 Offline, `LLM.generate` queues every request and steps until all are done.
 Online, requests arrive while others run, so the loop never ends; it steps

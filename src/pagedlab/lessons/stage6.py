@@ -1,6 +1,7 @@
 """Stage 6: the figures of the Triton kernels: which program reads which blocks (V1, V2), and parity with torch.
 
-Builds on: lessons/common.py (the saver), viz/kernels.py (the drawings, the dry launch, the parity cases).
+Builds on: lessons/common.py (the saver), lessons/kernels.py (the dry launch, the parity cases), viz/kernels.py
+(the drawings).
 Read with: chapters/06-triton-kernel.md.
 
     06_decode_programs.png   notebook 06's decode step (seq_lens 37, 16, 5; 4 query heads over 2 KV heads)
@@ -21,7 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pagedlab.lessons.common import _save
-from pagedlab.viz.kernels import KernelsUnavailable, draw_decode_programs, draw_parity
+from pagedlab.lessons.kernels import KernelsUnavailable, launch_plan, parity_rows
+from pagedlab.viz.kernels import draw_decode_programs, draw_parity
 
 
 class TritonCannotRun(Exception):
@@ -48,7 +50,7 @@ def _needs_triton(path: Path) -> Iterator[None]:
 def fig_06_decode_programs(out_dir: Path) -> Path:
     path = out_dir / "06_decode_programs.png"
     with _needs_triton(path):
-        fig = draw_decode_programs()  # notebook 06's case, both versions dry-launched
+        fig = draw_decode_programs(launch_plan())  # notebook 06's case, both versions dry-launched
     return _save(fig, path)
 
 
@@ -56,7 +58,8 @@ def fig_06_parity(out_dir: Path) -> tuple[Path, Path]:
     """The parity figure and, beside it, the rows it was drawn from (the chapter quotes them)."""
     path = out_dir / "06_parity.png"
     with _needs_triton(path):
-        fig, rows = draw_parity()
+        rows = parity_rows()
+        fig = draw_parity(rows)
     rows_path = path.with_suffix(".json")
     rows_path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return _save(fig, path), rows_path

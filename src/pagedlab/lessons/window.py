@@ -1,6 +1,6 @@
 """Stage 2: sliding windows: the blocks behind the window freed into the null block's place, on the demo scenario.
 
-Builds on: tools/demo.py (the teaching scenario and its pool), kv/paged.py (remove_skipped_blocks), viz/palette.py.
+Builds on: lessons/demo.py (the teaching scenario and its pool), kv/paged.py (remove_skipped_blocks), viz/palette.py.
 Read with: chapters/02-paged-blocks.md (Sliding windows).
 
 The bundled model's weights, read as a Mistral with a window of WINDOW tokens (its config.json says so; the
@@ -39,7 +39,7 @@ def windowed_bundled_model(window: int = WINDOW) -> Path:
 @functools.cache
 def demo_runs(window: int = WINDOW) -> dict[str, TracedRun]:
     """The demo scenario at stage 5, without a window ("full") and with one ("window")."""
-    from pagedlab.tools.demo import DemoOptions, add_requests, make_llm
+    from pagedlab.lessons.demo import DemoOptions, add_requests, make_llm
 
     runs = {}
     for name, model in (("full", None), ("window", str(windowed_bundled_model(window)))):

@@ -47,6 +47,11 @@ def bundled_model_path() -> Path:
     return Path(str(resources.files("pagedlab") / "data" / BUNDLED_MODEL))
 
 
+def corpus_path() -> Path:
+    """tinyshakespeare.txt, the bundled model's training text (public domain), which the benches sample."""
+    return Path(str(resources.files("pagedlab") / "data" / "tinyshakespeare.txt"))
+
+
 def resolve_model_path(model: str | Path) -> Path:
     if not isinstance(model, (str, Path)) or not str(model):
         raise ValueError(f"model: expected {BUNDLED_MODEL!r} or the path of a Hugging Face folder, got {model!r}")

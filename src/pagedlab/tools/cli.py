@@ -13,7 +13,8 @@ from pathlib import Path
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from pagedlab.tools.demo import DemoOptions, run_demo
+    from pagedlab.lessons.demo import DemoOptions
+    from pagedlab.tools.demo import run_demo
 
     mode = "step" if args.step else "log" if args.no_live or args.json else "live"
     given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name) is not None}
@@ -218,8 +219,8 @@ def _add_demo_settings(parser, skip: tuple[str, ...] = ()) -> None:
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    from pagedlab.tools.demo import DemoOptions
-    from pagedlab.viz.page import demo_trace, write_html
+    from pagedlab.lessons.demo import DemoOptions, demo_trace
+    from pagedlab.viz.page import write_html
 
     given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
     trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
@@ -292,8 +293,8 @@ def _add_generate(sub) -> None:
 def _cmd_assignment(args: argparse.Namespace) -> int:
     import json
 
+    from pagedlab.course import assignment, gradescope, grading
     from pagedlab.stages import STAGES
-    from pagedlab.tools import assignment, grading
 
     if args.action == "make":
         out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)
@@ -301,11 +302,11 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
         print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
         return 0
     if args.action == "check":
-        rows = grading.check_stages([int(n) for n in args.stages] or list(STAGES))
-        print(grading.check_table(rows))
+        rows = assignment.check_stages([int(n) for n in args.stages] or list(STAGES))
+        print(assignment.check_table(rows))
         return 0 if all(r["reference"] == r["max_score"] and r["untouched"] <= r["max_score"] / 10 for r in rows) else 1
     if args.action == "gradescope":
-        for path in grading.write_gradescope(args.stage, args.out):
+        for path in gradescope.write_gradescope(args.stage, args.out):
             print(f"wrote {path}")
         return 0
     try:
@@ -321,7 +322,7 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
             raise
         result = grading.failed_grading(f"{type(e).__name__}: {e}")
     if args.json is not None:
-        text = json.dumps(grading.gradescope_json(result), indent=1)
+        text = json.dumps(gradescope.gradescope_json(result), indent=1)
         if args.json == "-":
             print(text)
         else:
@@ -333,7 +334,7 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
-    from pagedlab.tools import serve
+    from pagedlab import serve
 
     if args.explain_metrics:
         print(serve.explain_from(args.url or f"http://{args.host}:{args.port}"), end="")
@@ -405,7 +406,7 @@ def _add_serve(sub) -> None:
 
 
 def _add_assignment(sub) -> None:
-    from pagedlab.tools.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
+    from pagedlab.course.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
 
     a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one")
     actions = a.add_subparsers(dest="action", required=True)

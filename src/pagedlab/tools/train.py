@@ -19,7 +19,6 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from pagedlab.model.config import ModelConfig
 from pagedlab.model.llama import CausalLM
+from pagedlab.model.loader import corpus_path
 from pagedlab.model.tokenizer import build_char_tokenizer
 
 
@@ -66,10 +66,6 @@ class _TrainingAttention:
         v = v.repeat_interleave(self.rep, dim=1).view(b, seq, *q.shape[1:2], -1).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, L, D]
         return out.transpose(1, 2).reshape(b * seq, *out.shape[1:2], -1)  # -> [B*L, H, D]
-
-
-def corpus_path() -> Path:
-    return Path(str(resources.files("pagedlab") / "data" / "tinyshakespeare.txt"))
 
 
 def speeches(text: str) -> list[str]:

@@ -1,161 +1,36 @@
 """Stage 6: the Triton kernels drawn: which program reads which blocks (V1, V2), and their parity with torch.
 
-Builds on: attention/triton/decode.py (`paged_decode`, `use_v1`, the V1/V2/reduce kernels),
-attention/triton/prefill.py, attention/triton/store.py, bench/kernel.py (`select_mode`), bench/kernel_cases.py
-(random paged cases, the fp32 reference), viz/palette.py (the colours).
+Builds on: viz/palette.py (the colours); what it draws is measured by lessons/kernels.py.
 Read with: chapters/06-triton-kernel.md.
 
-`draw_decode_programs` draws one decode step as the launcher sets it up. No number in it is typed by hand: the
-block table and seq_lens are the case's, the grids and constexprs are recorded from a dry launch of
-`paged_decode` (its kernels swapped for recorders, so nothing runs), the choice is `use_v1`'s:
+`draw_decode_programs(plan)` draws one decode step as the launcher set it up. No number in it is typed by hand:
+a LaunchPlan (lessons/kernels.py, `launch_plan`) holds the case's block table and seq_lens, the grids and
+constexprs recorded from a dry launch of `paged_decode`, and `use_v1`'s choice:
 
     V1   programs (i, h)    block_table[0]       k_cache, 10 blocks of 16 slots
          [0,3] ---------->  [ 4 ][ 3 ][ 6 ]  ->  blk 4 (p 0-15)  blk 3 (p 16-31)  blk 6 (p 32-36, 37-47 masked)
     V2   programs (i, h, part): | part 0 | part 1 | part 2 |  -> (m_p, l_p, out_p)  -> reduce (i, h) -> out
 
-`parity_rows` runs each kernel over the parametrizations of tests/attention/test_triton_kernels.py (block sizes 1
-and 16, heads 2/2 and 4/1, fp32 and fp16, bf16 for store_kv) against the fp32 reference; `draw_parity` plots the
-max |error| of every case against its tolerance.
+`draw_parity(rows)` plots the max |error| of every parity case (lessons/kernels.py, `parity_rows`) against its
+tolerance.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
-import torch
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from pagedlab.bench.kernel_cases import HeadShape, PagedCase, make_case, reference
 from pagedlab.viz.palette import CACHED, FREE, RESERVED, USED, _text_colour, request_colour
 
-DEMO_SHAPE = HeadShape(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, partition_size=16)  # notebook 06's
-DEMO_SEQ_LENS = (37, 16, 5)  # ends mid-block, exactly one block, short: notebook 06's decode step
+if TYPE_CHECKING:
+    from pagedlab.lessons.kernels import LaunchPlan
+
 FS, FS_SMALL = 9.5, 8.5  # the drawing's text: readable at the chapters' width
-DECODE_KERNELS = ("paged_decode_v1_kernel", "paged_decode_v2_kernel", "paged_decode_reduce_kernel")
 
-
-class KernelsUnavailable(RuntimeError):
-    """Triton cannot run the kernels in this process (not installed, or imported compiled on a CPU)."""
-
-
-class _Said:
-    """A console that keeps what bench.kernel.select_mode says, so a refusal can be raised with its reason."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def print(self, *parts, **_) -> None:
-        self.lines.append(" ".join(map(str, parts)))
-
-
-def kernel_device() -> str:
-    """'cuda', or 'cpu' with TRITON_INTERPRET=1 (set here if no kernel module is imported yet): the bench's rule."""
-    from pagedlab.bench.kernel import select_mode
-
-    said = _Said()
-    mode = select_mode(said)
-    if mode is None:
-        raise KernelsUnavailable(said.lines[-1])
-    return "cuda" if mode == "gpu" else "cpu"
-
-
-def demo_case(device: str = "cpu") -> PagedCase:
-    """Notebook 06's decode case: tables [4, 3, 6], [8, 2, 1], [9, 5, 7] into a pool of 10 blocks of 16."""
-    return make_case(len(DEMO_SEQ_LENS), max(DEMO_SEQ_LENS), DEMO_SHAPE, torch.float32, device)
-
-
-# --- what the launcher launches -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch, as the launcher made it."""
-
-    kernel: str  # the @triton.jit function's name
-    grid: tuple[int, ...]  # programs along program_id(0), (1), (2)
-    constexprs: dict[str, int]  # its UPPER_CASE arguments: BLOCK_N, BLOCK_SIZE, PARTITION_SIZE, ...
-    shapes: tuple[tuple[int, ...], ...]  # the shape of each tensor argument, in order (V2: its scratch first)
-
-
-class _Recorder:
-    """Stands in for a @triton.jit kernel: `kernel[grid](*args, **constexprs)` is written down, not run."""
-
-    def __init__(self, name: str, log: list[Launch]) -> None:
-        self.name, self.log = name, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs) -> None:
-            shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
-            self.log.append(Launch(self.name, tuple(grid), {k: v for k, v in kwargs.items() if k.isupper()}, shapes))
-
-        return launch
-
-
-def dry_launch(case: PagedCase, seq_lens: list[int], version: str, partition_size: int) -> list[Launch]:
-    """The launches `paged_decode(version=...)` makes for one decode step of `case`: its own checks, grids and
-    constexprs, with the kernels swapped for recorders (restored after), so no kernel time is spent."""
-    kernel_device()  # TRITON_INTERPRET first where there is no GPU: the decode module is imported next
-    from pagedlab.attention.triton import decode
-
-    log: list[Launch] = []
-    real = {name: getattr(decode, name) for name in DECODE_KERNELS}
-    s, dev = case.shape, case.kv_cache.device
-    q = torch.zeros(len(seq_lens), s.num_heads, s.head_dim, dtype=case.kv_cache.dtype, device=dev)  # [B, H, D]
-    rows, lens = torch.arange(len(seq_lens), device=dev), torch.tensor(seq_lens, device=dev)
-    kv = (case.k_cache, case.v_cache, case.block_table, lens, rows, rows)
-    try:
-        for name in DECODE_KERNELS:
-            setattr(decode, name, _Recorder(name, log))
-        decode.paged_decode(
-            torch.empty_like(q), q, *kv, s.head_dim**-0.5,
-            max_seq_len=max(seq_lens), partition_size=partition_size, version=version,
-        )  # fmt: skip
-    finally:
-        for name, kernel in real.items():
-            setattr(decode, name, kernel)
-    return log
-
-
-@dataclass(frozen=True)
-class DecodePlan:
-    """One decode step of a case as paged_decode sets it up: every number draw_decode_programs shows."""
-
-    block_table: list[list[int]]  # [B][MB] the case's: logical -> physical block
-    seq_lens: list[int]  # each request's context length
-    num_blocks: int  # physical blocks in the pool, k_cache.shape[0]
-    num_kv_heads: int  # KVH
-    head_dim: int  # D
-    picks_v1: bool  # use_v1(max(seq_lens), B, H, partition_size): what paged_decode runs when not told
-    v1: Launch  # paged_decode_v1_kernel
-    v2: Launch  # paged_decode_v2_kernel
-    reduce: Launch  # paged_decode_reduce_kernel
-
-    def const(self, name: str) -> int:
-        """A constexpr of the launches: BLOCK_SIZE, BLOCK_N, QUERIES_PER_KV (V1's) or PARTITION_SIZE (V2's)."""
-        return {**self.v1.constexprs, **self.v2.constexprs}[name]
-
-    def active_parts(self, b: int) -> int:
-        """V2 partitions that hold request b's context; the others return at once (start >= seq_len)."""
-        return -(-self.seq_lens[b] // self.const("PARTITION_SIZE"))
-
-
-def decode_plan(
-    case: PagedCase | None = None, seq_lens: list[int] | None = None, partition_size: int | None = None
-) -> DecodePlan:
-    """The plan of one decode step (default: notebook 06's case), both versions dry-launched."""
-    case = demo_case() if case is None else case
-    seq_lens = list(DEMO_SEQ_LENS if seq_lens is None else seq_lens)
-    ps = partition_size or case.shape.partition_size
-    (v1,) = dry_launch(case, seq_lens, "v1", ps)
-    v2, reduce = dry_launch(case, seq_lens, "v2", ps)
-    from pagedlab.attention.triton.decode import use_v1
-
-    picks = use_v1(max(seq_lens), len(seq_lens), case.shape.num_heads, ps)
-    k = case.k_cache  # [num_blocks, block_size, KVH, D]
-    return DecodePlan(case.block_table.tolist(), seq_lens, k.shape[0], k.shape[2], k.shape[3], picks, v1, v2, reduce)
 
 
 # --- drawing helpers ------------------------------------------------------------------------------------------
@@ -180,7 +55,7 @@ def _bracket(ax, x0, x1, y, text, colour="black") -> None:
     ax.text((x0 + x1) / 2, y + 0.08, text, ha="center", va="bottom", fontsize=FS, color=colour)
 
 
-def _slot_state(plan: DecodePlan, b: int, j: int, s: int) -> str:
+def _slot_state(plan: LaunchPlan, b: int, j: int, s: int) -> str:
     """Slot s of request b's j-th block: 'read' (p < seq_len), 'masked' (the rest of its last block: the tile
     loads it with mask_n false) or 'unread' (a table entry past the context, never loaded)."""
     p, start = j * plan.const("BLOCK_SIZE") + s, j * plan.const("BLOCK_SIZE")
@@ -209,7 +84,7 @@ POOL_Y = 8.0  # the bottom of V1's pool of physical blocks
 V1_Y, V2_Y = (1.0, 9.9), (0.8, 8.1)  # each panel's data rows, bottom to top
 
 
-def _program_grid(ax, plan: DecodePlan, focus: tuple[int, int], x0: float) -> float:
+def _program_grid(ax, plan: LaunchPlan, focus: tuple[int, int], x0: float) -> float:
     """V1's grid, a cell per (i, h): returns the x of its right edge."""
     num_reqs, num_heads = plan.v1.grid
     qpk = plan.const("QUERIES_PER_KV")
@@ -228,7 +103,7 @@ def _program_grid(ax, plan: DecodePlan, focus: tuple[int, int], x0: float) -> fl
     return x0 + num_heads * 0.9 - 0.1
 
 
-def _block_table(ax, plan: DecodePlan, focus_b: int, x0: float, cw: float) -> list[float]:
+def _block_table(ax, plan: LaunchPlan, focus_b: int, x0: float, cw: float) -> list[float]:
     """Every row of block_table, entries past the context pale; returns the x centre of each of its columns."""
     width = len(plan.block_table[0])
     for b, row in enumerate(plan.block_table):
@@ -247,7 +122,7 @@ def _block_table(ax, plan: DecodePlan, focus_b: int, x0: float, cw: float) -> li
     return [x0 + j * cw + cw / 2 for j in range(width)]
 
 
-def _pool(ax, plan: DecodePlan, x0: float, y: float, pw: float) -> list[float]:
+def _pool(ax, plan: LaunchPlan, x0: float, y: float, pw: float) -> list[float]:
     """The physical blocks, slot by slot in their request's colour; returns each block's x centre."""
     bs, owner = plan.const("BLOCK_SIZE"), {}
     for b, row in enumerate(plan.block_table):
@@ -269,7 +144,7 @@ def _pool(ax, plan: DecodePlan, x0: float, y: float, pw: float) -> list[float]:
     return centres
 
 
-def _walk_lines(plan: DecodePlan, focus: tuple[int, int]) -> list[str]:
+def _walk_lines(plan: LaunchPlan, focus: tuple[int, int]) -> list[str]:
     """Program `focus`'s loop, tile by tile, as the chapter writes it."""
     (b, h), bs, bn, qpk = focus, plan.const("BLOCK_SIZE"), plan.const("BLOCK_N"), plan.const("QUERIES_PER_KV")
     n, row = plan.seq_lens[b], plan.block_table[b]
@@ -286,7 +161,7 @@ def _walk_lines(plan: DecodePlan, focus: tuple[int, int]) -> list[str]:
     return [*lines, f"out[t, {h}, :] = acc / l"]
 
 
-def _table_to_pool(ax, plan: DecodePlan, b: int, columns: list[float], blocks: list[float], cw: float) -> None:
+def _table_to_pool(ax, plan: LaunchPlan, b: int, columns: list[float], blocks: list[float], cw: float) -> None:
     """An arrow from each table entry request b's program loads to its physical block, labelled with its tile."""
     bs, bn, n = plan.const("BLOCK_SIZE"), plan.const("BLOCK_N"), plan.seq_lens[b]
     top, pool = ROW_Y + CELL, POOL_Y
@@ -305,7 +180,7 @@ def _table_to_pool(ax, plan: DecodePlan, b: int, columns: list[float], blocks: l
             _bracket(ax, x0 + 0.05, x1 - 0.05, top + 0.3, f"tile {k}")
 
 
-def _draw_v1(ax, plan: DecodePlan, focus: tuple[int, int]) -> None:
+def _draw_v1(ax, plan: LaunchPlan, focus: tuple[int, int]) -> None:
     _bare(ax, 25, *V1_Y)
     b = focus[0]
     right = _program_grid(ax, plan, focus, x0=2.3)
@@ -329,7 +204,7 @@ def _draw_v1(ax, plan: DecodePlan, focus: tuple[int, int]) -> None:
 # --- V2 -------------------------------------------------------------------------------------------------------
 
 
-def _v2_grid(ax, plan: DecodePlan, focus: tuple[int, int], x0: float) -> None:
+def _v2_grid(ax, plan: LaunchPlan, focus: tuple[int, int], x0: float) -> None:
     """V2's programs of head focus[1], a cell per (i, part): grey where the partition holds no context."""
     num_reqs, num_heads, parts = plan.v2.grid
     for i in range(num_reqs):
@@ -350,7 +225,7 @@ def _v2_grid(ax, plan: DecodePlan, focus: tuple[int, int], x0: float) -> None:
     )
 
 
-def _partitions(ax, plan: DecodePlan, focus: tuple[int, int], x0: float, strip_y: float) -> None:
+def _partitions(ax, plan: LaunchPlan, focus: tuple[int, int], x0: float, strip_y: float) -> None:
     """Request focus[0]'s positions cut into partitions; under each, its program, its scratch entry and the reduce."""
     (b, h), ps, parts = focus, plan.const("PARTITION_SIZE"), plan.v2.grid[2]
     n, unit = plan.seq_lens[b], 10.5 / (parts * ps)  # unit: the width of one position
@@ -376,7 +251,7 @@ def _partitions(ax, plan: DecodePlan, focus: tuple[int, int], x0: float, strip_y
     ax.text(reduce_x + 4.45, 1.575, f"out[t, {h}, :]", va="center", fontsize=FS)
 
 
-def _draw_v2(ax, plan: DecodePlan, focus: tuple[int, int]) -> None:
+def _draw_v2(ax, plan: LaunchPlan, focus: tuple[int, int]) -> None:
     _bare(ax, 25, *V2_Y)
     _v2_grid(ax, plan, focus, x0=2.3)
     strip_y = 6.5  # the bottom of the positions strip
@@ -398,19 +273,13 @@ def _draw_v2(ax, plan: DecodePlan, focus: tuple[int, int]) -> None:
     ax.set_title(title, loc="left", fontsize=10)
 
 
-def draw_decode_programs(
-    case: PagedCase | None = None,
-    seq_lens: list[int] | None = None,
-    partition_size: int | None = None,
-    focus: tuple[int, int] | None = None,
-) -> Figure:
-    """How paged_decode maps one decode step of `case` (default: notebook 06's) onto programs: V1 on top, V2 below.
+def draw_decode_programs(plan: LaunchPlan, focus: tuple[int, int] | None = None) -> Figure:
+    """How paged_decode maps one decode step onto programs (a LaunchPlan): V1 on top, V2 below.
 
     `focus` is the program whose walk is drawn (default: request 0, the last query head, so GQA shows). Every
-    number comes from `decode_plan`: the case's block table and seq_lens, the grids and constexprs of a dry
-    launch of each version, and use_v1's choice, named in the title.
+    number comes from the plan: the case's block table and seq_lens, the grids and constexprs of a dry launch of
+    each version, and use_v1's choice, named in the title.
     """
-    plan = decode_plan(case, seq_lens, partition_size)
     focus = focus or (0, plan.v1.grid[1] - 1)
     ratios = [V1_Y[1] - V1_Y[0], V2_Y[1] - V2_Y[0]]  # one data unit is as tall in both panels
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12.5, 9.6), gridspec_kw=dict(height_ratios=ratios))
@@ -428,99 +297,6 @@ def draw_decode_programs(
 
 # --- parity ---------------------------------------------------------------------------------------------------
 
-PARITY_BLOCK_SIZES = (1, 16)
-PARITY_HEADS = ((2, 2), (4, 1))  # (H, KVH): no GQA, and four query heads per KV head
-PARITY_DTYPES = ("float32", "float16")
-STORE_DTYPES = ("float32", "float16", "bfloat16")
-TOL = {"float32": 2e-5, "float16": 2e-3}  # the tests' atol and rtol; store_kv must be exact (torch.equal): 0
-DECODE_SEQ_LENS = (37, 5, 16, 50)  # the tests': ends mid-block, short, exactly one block, several partitions
-PREFILL_SEQ_LENS, PREFILL_Q_LEN = (37, 21, 16), 16  # 16 new tokens after 21 cached, after 5, and a whole prompt
-KERNELS = ("store_kv", "paged_decode v1", "paged_decode v2", "paged_prefill")  # the groups, in drawing order
-
-
-def parity_cases(
-    kernels=KERNELS, block_sizes=PARITY_BLOCK_SIZES, heads=PARITY_HEADS, dtypes=PARITY_DTYPES, store_dtypes=STORE_DTYPES
-) -> list[tuple[str, int, tuple[int, int] | None, str]]:
-    """(kernel, block_size, (H, KVH) or None for store_kv, dtype) of every case, in drawing order."""
-    cases = []
-    for kernel in kernels:
-        if kernel == "store_kv":  # two KV heads, as the tests': a copy has no query heads
-            cases += [(kernel, bs, None, d) for bs in block_sizes for d in store_dtypes]
-        else:
-            cases += [(kernel, bs, hk, d) for bs in block_sizes for hk in heads for d in dtypes]
-    return cases
-
-
-def _device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device == "cuda" else "CPU, Triton interpreter"
-
-
-def _decode_err(version: str, shape: HeadShape, dtype: torch.dtype, device: str) -> float:
-    from pagedlab.attention.triton.decode import paged_decode
-
-    n, lens = len(DECODE_SEQ_LENS), list(DECODE_SEQ_LENS)
-    case = make_case(n, max(lens), shape, dtype, device)
-    g = torch.Generator(device=device).manual_seed(1)
-    q = torch.randn(n, shape.num_heads, shape.head_dim, generator=g, device=device).to(dtype)  # [B, H, D]
-    out, rows = torch.empty_like(q), torch.arange(n, device=device)
-    kv = (case.k_cache, case.v_cache, case.block_table, torch.tensor(lens, device=device), rows, rows)
-    ps = shape.partition_size
-    paged_decode(out, q, *kv, shape.head_dim**-0.5, max_seq_len=max(lens), partition_size=ps, version=version)
-    return (out.float() - reference(case, q, 1, lens)).abs().max().item()
-
-
-def _prefill_err(shape: HeadShape, dtype: torch.dtype, device: str) -> float:
-    from pagedlab.attention.triton.prefill import paged_prefill
-
-    n, lens, q_len = len(PREFILL_SEQ_LENS), list(PREFILL_SEQ_LENS), PREFILL_Q_LEN
-    case = make_case(n, max(lens), shape, dtype, device)
-    g = torch.Generator(device=device).manual_seed(1)
-    q = torch.randn(n * q_len, shape.num_heads, shape.head_dim, generator=g, device=device).to(dtype)  # [T, H, D]
-    qsl = torch.arange(n + 1, device=device) * q_len  # query_start_loc
-    out, rows = torch.empty_like(q), torch.arange(n, device=device)
-    kv = (case.k_cache, case.v_cache, case.block_table, torch.tensor(lens, device=device), qsl, rows)
-    paged_prefill(out, q, *kv, shape.head_dim**-0.5, max_query_len=q_len)
-    return (out.float() - reference(case, q, q_len, lens)).abs().max().item()
-
-
-def _store_err(block_size: int, dtype: torch.dtype, device: str) -> float:
-    """store_kv against the torch index_copy_, the tests' case: 5 tokens (3 for blocks of 1) into 4 blocks."""
-    from pagedlab.attention.reference import store_kv as torch_store_kv
-    from pagedlab.attention.triton.store import store_kv
-
-    g = torch.Generator().manual_seed(2)
-    k, v = torch.randn(2, 9, 2, 32, generator=g)  # [T, KVH, D] each
-    slots = torch.randperm(4 * block_size, generator=g)[:5] if block_size > 1 else torch.tensor([3, 0, 2])
-    k, v = k[: len(slots)], v[: len(slots)]
-    got = [torch.zeros(4, block_size, 2, 32, dtype=dtype, device=device) for _ in range(2)]
-    want = [torch.zeros(4, block_size, 2, 32, dtype=dtype) for _ in range(2)]
-    store_kv(*got, k.to(device), v.to(device), slots.to(device))
-    torch_store_kv(*want, k, v, slots)
-    return max((a.cpu().float() - b.float()).abs().max().item() for a, b in zip(got, want))
-
-
-def _case_err(kernel: str, bs: int, heads: tuple[int, int] | None, dtype: torch.dtype, device: str) -> float:
-    if kernel == "store_kv":
-        return _store_err(bs, dtype, device)
-    shape = HeadShape(*heads, head_dim=32, block_size=bs, partition_size=16)  # V2 splits 50 tokens into 4
-    if kernel == "paged_prefill":
-        return _prefill_err(shape, dtype, device)
-    return _decode_err(kernel.split()[1], shape, dtype, device)  # "paged_decode v1" -> "v1"
-
-
-@torch.inference_mode()
-def parity_rows(**subset) -> list[dict]:
-    """Every case of parity_cases(**subset) run and checked, a row each: kernel, version, block_size, heads
-    ('H/KVH'), dtype, max_abs_err (against the fp32 torch reference), tol (0 for store_kv: a copy must be exact)
-    and device. Under the interpreter on a CPU, about a third of a second a case."""
-    device, rows = kernel_device(), []
-    for kernel, bs, heads, dtype in parity_cases(**subset):
-        err = _case_err(kernel, bs, heads, getattr(torch, dtype), device)
-        name, _, version = kernel.partition(" ")
-        row = dict(kernel=name, version=version or None, block_size=bs, heads=heads and f"{heads[0]}/{heads[1]}")
-        row.update(dtype=dtype, max_abs_err=err, tol=0.0 if heads is None else TOL[dtype], device=_device_name(device))
-        rows.append(row)
-    return rows
 
 
 DTYPE_COLOURS = {"float32": USED, "float16": RESERVED, "bfloat16": CACHED}
@@ -552,23 +328,20 @@ def _plot_group(ax, rows: list[dict], x: float) -> float:
     return centre
 
 
-def draw_parity(rows: list[dict] | None = None, title: str | None = None, **subset) -> tuple[Figure, list[dict]]:
-    """The max |error| of every parity case on a log axis, grouped by kernel, with the tolerances as lines.
-
-    `rows` from parity_rows (default: run them now, over `subset`: parity_cases' keyword arguments). Returns the
-    figure and the rows. Colour: dtype; marker: heads (H/KVH; a square for store_kv); hollow: blocks of 1.
-    """
-    rows = parity_rows(**subset) if rows is None else rows
+def draw_parity(rows: list[dict], title: str | None = None) -> Figure:
+    """The max |error| of every parity case (lessons/kernels.py's rows) on a log axis, grouped by kernel, with
+    each dtype's tolerance as a line. Colour: dtype; marker: heads (H/KVH; a square for store_kv); hollow: blocks
+    of 1."""
     fig, ax = plt.subplots(figsize=(10, 5))
     fig.subplots_adjust(left=0.08, right=0.8, top=0.9, bottom=0.1)
     x, ticks = 0.0, []
-    for group in [g for g in KERNELS if any(_group(r) == g for r in rows)]:
+    for group in dict.fromkeys(_group(r) for r in rows):  # the rows' own order
         mine = [r for r in rows if _group(r) == group]
         ticks.append((_plot_group(ax, mine, x), group))
         x += len(mine) + 1.5
-    for dtype in ("float32", "float16"):
-        ax.axhline(TOL[dtype], color=DTYPE_COLOURS[dtype], ls="--", lw=1.2)
-        ax.text(x - 1.6, TOL[dtype] * 1.25, f"{dtype} tolerance {TOL[dtype]:.0e}", fontsize=8.5, ha="right")
+    for dtype, tol in sorted({(r["dtype"], r["tol"]) for r in rows if r["tol"]}):
+        ax.axhline(tol, color=DTYPE_COLOURS[dtype], ls="--", lw=1.2)
+        ax.text(x - 1.6, tol * 1.25, f"{dtype} tolerance {tol:.0e}", fontsize=8.5, ha="right")
     ax.axhline(EXACT_AT * 3, color="dimgray", ls=":", lw=1.0)
     ax.set_yscale("log")
     ax.set_ylim(EXACT_AT / 2.5, 1.5e-1)
@@ -581,7 +354,7 @@ def draw_parity(rows: list[dict] | None = None, title: str | None = None, **subs
     ax.legend(handles=_parity_legend(rows), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
     where = rows[0].get("device", "") if rows else ""
     ax.set_title(title or f"The Triton kernels vs torch, {len(rows)} cases ({where})", fontsize=10.5)
-    return fig, rows
+    return fig
 
 
 def _parity_legend(rows: list[dict]) -> list:

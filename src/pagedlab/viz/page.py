@@ -190,21 +190,6 @@ __FRAMES__
 """
 
 
-def demo_trace(opts, max_steps: int = 10_000) -> dict:
-    """Run the demo's scenario (tools/demo.py, a DemoOptions) to the end without drawing; its trace, with the
-    prompts and output texts. A ValueError if requests are still unfinished after max_steps engine steps."""
-    from pagedlab.tools.demo import add_requests, check_options, make_llm
-
-    check_options(opts)
-    llm = make_llm(opts)
-    prompts, texts = add_requests(llm, opts), {}
-    for _ in range(max_steps):
-        if not llm.engine.has_unfinished_requests():
-            return to_trace(llm, prompts, texts)
-        texts |= {out.request_id: out.outputs[0].text for out in llm.engine.step()}
-    raise ValueError(f"max_steps: requests still unfinished after {max_steps} engine steps")
-
-
 # Characters that could end or reinterpret a <script> element ("</script>", "<!--", "]]>"), or that some
 # JavaScript parsers take for line ends, as JSON escapes. In the trace's JSON they occur only inside strings
 # (its syntax uses none of them), where "\u003c" is the same string as "<": JSON.parse reads the trace back.

@@ -4,7 +4,7 @@ Builds on: nothing of the engine (reads README.md, chapters/, notebooks/, figure
 run in a Jupyter kernel through nbclient, as `pytest --nbmake` runs them).
 Read with: README.md, chapters/00-overview.md.
 
-    python -m pagedlab.tools.book --out build/book [--no-execute] [--no-check]
+    python scripts/book.py --out build/book [--no-execute] [--no-check]
 
 The site mirrors the repository's layout, so a relative link that works on GitHub works here once its
 suffix is changed:
@@ -44,7 +44,7 @@ from markdown_it.token import Token
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
-ROOT = Path(__file__).resolve().parents[3]  # the source checkout: src/pagedlab/tools/book.py
+ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/book.py
 MARKER = ".pagedlab-book"  # written into the output folder, so a rebuild may empty it (and nothing else)
 SCHEME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//)")  # http:, https:, mailto:, data:, //host: not ours to check
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours in tracebacks and rich output, meaningless in a <pre>
@@ -320,7 +320,7 @@ def prepare(out: Path) -> None:
             raise BookError(f"{out} is not empty and was not made by this tool: choose another --out")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("made by python -m pagedlab.tools.book; emptied on each build\n", encoding="utf-8")
+    (out / MARKER).write_text("made by python scripts/book.py; emptied on each build\n", encoding="utf-8")
 
 
 def sources(root: Path) -> list[PurePosixPath]:
@@ -425,7 +425,7 @@ def check_links(out_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedlab.tools.book", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python scripts/book.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="build/book", help="the folder to write (default: build/book)")
     parser.add_argument("--root", default=str(ROOT), help="the pagedlab checkout (default: this one)")
     parser.add_argument("--no-execute", action="store_true", help="render the notebooks as committed, unrun")

@@ -1,6 +1,6 @@
 """Grading a course assignment: `pagedlab assignment grade DIR --stage N [--json [FILE]]`.
 
-Builds on: tools/assignment.py (regions, stubs), tools/screening.py, tools/grading_runner.py.
+Builds on: course/regions.py (regions, stubs), course/screening.py, course/grading_runner.py.
 Read with: chapters/98-assignments.md (Grading, What the grader trusts).
 
 A workspace is the student's; nothing in it is trusted, not even the stage it
@@ -10,10 +10,10 @@ claims. The grader
        in a new temporary folder, and collects the teacher's tests tagged with the
        stage's tasks (@pytest.mark.task("free-queue")) there, before any student code;
     2. takes from the workspace only the bodies of the stage's regions, screens each
-       (tools/screening.py) and splices the accepted ones in; a refused or missing
+       (course/screening.py) and splices the accepted ones in; a refused or missing
        body leaves the stub, so that task scores zero; changes anywhere else are
        reported and ignored;
-    3. runs the tests in an isolated interpreter (tools/grading_runner.py: `-I`, a clean
+    3. runs the tests in an isolated interpreter (course/grading_runner.py: `-I`, a clean
        environment, an audit hook), reading each result down a pipe with a nonce;
        a test that hangs past its time, crashes or calls os._exit fails, and the
        others run on in a fresh process; a total time limit bounds it all;
@@ -40,9 +40,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
-from pagedlab.tools import assignment
-from pagedlab.tools.screening import screen
+from pagedlab.course.regions import file_regions, repo_root, stage_regions, stub_body, whole_functions
+from pagedlab.course.screening import screen
+from pagedlab.stages import STAGE_NAMES, parse_stage
 
 PER_TEST_TIMEOUT = 120.0  # seconds one test may run (the SIGALRM in the child; a kill 15 s later)
 TOTAL_TIMEOUT = 900.0  # seconds for the whole grading
@@ -78,8 +78,8 @@ def grade(
     machine's CUDA check (tests marked gpu are blocked without one).
     """
     started = time.monotonic()
-    number, ws, root = parse_stage(stage), _workspace(Path(workspace)), assignment.repo_root()
-    regions = assignment.stage_regions(root, number)
+    number, ws, root = parse_stage(stage), _workspace(Path(workspace)), repo_root()
+    regions = stage_regions(root, number)
     if not regions:
         raise ValueError(f"stage: stage {number} has no tasks")
     gpu = _has_cuda() if gpu is None else gpu
@@ -116,8 +116,8 @@ def grade(
 
 def collect_tasks(stage: int | str) -> dict[str, list[str]]:
     """{task id: the ids of the teacher's tests that grade it}, collected in a fresh reference tree."""
-    number, root = parse_stage(stage), assignment.repo_root()
-    regions = assignment.stage_regions(root, number)
+    number, root = parse_stage(stage), repo_root()
+    regions = stage_regions(root, number)
     tree = Path(tempfile.mkdtemp(prefix="pagedlab-tree-"))
     private = Path(tempfile.mkdtemp(prefix="pagedlab-grader-"))
     try:
@@ -128,53 +128,6 @@ def collect_tasks(stage: int | str) -> dict[str, list[str]]:
         shutil.rmtree(tree, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
     return {t: [c["id"] for c in collected if t in c["tasks"]] for t in tasks}
-
-
-def check_stages(stages=tuple(STAGES), out=sys.stderr) -> list[dict]:
-    """A teacher's check of every stage: an untouched copy should score <= 10 %, the reference 100 %.
-
-    One row per stage: tasks, points, both scores, both grading times (seconds, this machine)."""
-    rows = []
-    for number in stages:
-        with tempfile.TemporaryDirectory() as tmp:
-            student = assignment.make(number, Path(tmp) / "student")
-            teacher = assignment.make(number, Path(tmp) / "teacher", with_solutions=True)
-            untouched, reference = grade(student, number), grade(teacher, number)
-        row = {
-            "stage": number,
-            "tasks": [f"{t['id']} ({t['points']})" for t in reference["tasks"]],
-            "tests": len(reference["tests"]),
-            "blocked": sum(t["status"] == "blocked" for t in reference["tests"]),
-            "max_score": reference["max_score"],
-            "untouched": untouched["score"],
-            "reference": reference["score"],
-            "untouched_s": untouched["execution_time"],
-            "reference_s": reference["execution_time"],
-        }
-        rows.append(row)
-        print(
-            f"stage {number}: untouched {row['untouched']:g} / {row['max_score']:g}, reference {row['reference']:g}, "
-            f"{row['tests']} tests ({row['blocked']} blocked), {row['untouched_s']} s + {row['reference_s']} s",
-            file=out,
-        )
-    return rows
-
-
-def check_table(rows: list[dict]) -> str:
-    """The check's rows as chapter 98's markdown table."""
-    lines = [
-        "| stage | tasks (points) | graded tests | untouched copy | reference | grading time (untouched / reference) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        blocked = f" (+{r['blocked']} blocked on a CPU)" if r["blocked"] else ""
-        lines.append(
-            f"| {r['stage']} {STAGE_NAMES[r['stage']]} | {', '.join(r['tasks'])} "
-            f"| {r['tests'] - r['blocked']}{blocked} "
-            f"| {r['untouched']:g} / {r['max_score']:g} | {r['reference']:g} / {r['max_score']:g} "
-            f"| {r['untouched_s']:.0f} s / {r['reference_s']:.0f} s |"
-        )
-    return "\n".join(lines)
 
 
 def failed_grading(message: str) -> dict:
@@ -199,56 +152,6 @@ def _workspace(path: Path) -> Path:
     if len(inner) == 1:
         return inner[0]
     raise ValueError(f"workspace: {path} has no src/pagedlab (not a folder written by `assignment make`)")
-
-
-SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu).
-# The teacher's pagedlab (the reference the grader splices submissions into) is in source/pagedlab.
-set -euo pipefail
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
-python3 -m venv /autograder/venv
-# The CPU wheel of torch (Gradescope's graders have no GPU: stage 6's GPU-only tests report "blocked").
-/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu "torch>=2.4" \\
-    || /autograder/venv/bin/pip install -q "torch>=2.4"
-# Editable: the grader assembles its trees from this source checkout (src/, tests/).
-/autograder/venv/bin/pip install -q -e "/autograder/source/pagedlab[dev]"
-"""
-
-RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for every submission; the student's files are in /autograder/submission
-# (their workspace, or a zip of it). The stage is fixed here, by the teacher.
-set -uo pipefail
-cd /autograder/source/pagedlab
-mkdir -p /autograder/results
-/autograder/venv/bin/pagedlab assignment grade /autograder/submission --stage {stage} \\
-    --json /autograder/results/results.json
-exit 0  # the score is in results.json; a non-zero exit would only add Gradescope's own error
-"""
-
-
-def write_gradescope(stage: int | str, out: str | Path) -> list[Path]:
-    """An autograder for Gradescope: setup.sh, run_autograder, the reference in pagedlab/, and autograder.zip."""
-    number, out, root = parse_stage(stage), Path(out), assignment.repo_root()
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out: {out} exists and is not empty")
-    if not assignment.stage_regions(root, number):
-        raise ValueError(f"stage: stage {number} has no tasks")
-    out.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc")
-    for part in ("src", "tests", "chapters"):
-        shutil.copytree(root / part, out / "pagedlab" / part, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, out / "pagedlab" / name)
-    (out / "setup.sh").write_text(SETUP_SH)
-    (out / "run_autograder").write_text(RUN_AUTOGRADER.format(stage=number))
-    for script in ("setup.sh", "run_autograder"):
-        (out / script).chmod(0o755)
-    with tempfile.TemporaryDirectory() as tmp:  # not inside `out` while it is being zipped
-        archive = Path(shutil.make_archive(str(Path(tmp) / "autograder"), "zip", root_dir=out))
-        shutil.move(archive, out / "autograder.zip")
-    return [out / "setup.sh", out / "run_autograder", out / "pagedlab", out / "autograder.zip"]
 
 
 # -- 1. the tree -----------------------------------------------------------------------------------
@@ -287,11 +190,11 @@ def _splice(root: Path, ws: Path, tree: Path, regions: list, tasks: dict[str, Ta
             task = tasks[region.task_id]
             body = student[0].get(region.task_id) if student else None
             if body is not None:
-                wanted = assignment.whole_functions(ref_lines, region)
+                wanted = whole_functions(ref_lines, region)
                 task.reasons = screen("\n".join(body), region.indent(ref_lines), ref_text, wanted)
                 task.status = "refused" if task.reasons else "accepted"
             if task.status != "accepted":
-                body = assignment.stub_body(ref_lines, region)
+                body = stub_body(ref_lines, region)
             ref_lines[region.start + 1 + region.header : region.end] = body
         (tree / rel).write_text("\n".join(ref_lines) + "\n")
         if student and student[1] != _outside(ref_text, mine):
@@ -304,7 +207,7 @@ def _student_regions(path: Path, regions: list, tasks: dict[str, Task]):
     """({task id: body lines}, the file outside its regions), or None when the file or its markers are gone."""
     try:
         text = path.read_text()
-        found = assignment.file_regions(path, text)
+        found = file_regions(path, text)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         for r in regions:
             tasks[r.task_id].status, tasks[r.task_id].reasons = "missing", [f"{path.name}: {e}"]
@@ -587,12 +490,6 @@ def _summary(number, task_rows, notes, score, max_score, blocked: int) -> str:
         lines.append(f"{blocked} tests need a GPU: blocked on this machine, neither passed nor counted.")
     lines += ["", *[f"note: {n}" for n in notes]] if notes else []
     return "\n".join(lines)
-
-
-def gradescope_json(result: dict) -> dict:
-    """Only Gradescope's keys (its results.json)."""
-    keys = ("score", "execution_time", "output", "visibility", "stdout_visibility", "tests")
-    return {k: result[k] for k in keys if k in result}
 
 
 def print_grades(result: dict, out=sys.stderr) -> None:

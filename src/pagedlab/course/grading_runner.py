@@ -1,7 +1,7 @@
 """The grading child: run the teacher's tests in the assembled tree and report each one down a pipe.
 
 Builds on: nothing of pagedlab (it must not import the package before the tree is on sys.path).
-Read with: tools/grading.py, which copies this file into its private folder and runs it as
+Read with: course/grading.py, which copies this file into its private folder and runs it as
 
     python -I run_tests.py SPEC_JSON FD        (stdin: a nonce, then the folders no test may open)
 

@@ -224,8 +224,8 @@ def check(root: Path, trees: dict[str, Path]) -> tuple[list[Ref], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedlab.tools.vllm_refs", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[3]), help="the pagedlab checkout")
+    parser = argparse.ArgumentParser(prog="python scripts/check_vllm_refs.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="the pagedlab checkout")
     parser.add_argument("--cache", default=None, help="where the sdists are kept (default: the pagedlab cache)")
     args = parser.parse_args(argv)
     trees = {v: fetch(v, Path(args.cache) if args.cache else None) for v in (V0, CURRENT)}

@@ -141,3 +141,22 @@ def explain_hit_rate(engine, exporter: MetricsExporter | None = None) -> str:
             "holds are evicted, least recently used first, before a later prompt could hit them."
         )
     return "\n".join(lines)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {sample name: value}: counters, gauges, histogram _sum and _count (buckets and
+    per-reason counts left out), for notebooks and tests that read a running server's numbers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "le" not in sample.labels and "finished_reason" not in sample.labels:
+                samples[sample.name] = sample.value
+    return samples
+
+
+def mean_between(before: dict[str, float], after: dict[str, float], histogram: str) -> float:
+    """The mean of a histogram's observations made between two /metrics readings (its _sum / _count deltas)."""
+    count = after[f"{histogram}_count"] - before[f"{histogram}_count"]
+    return (after[f"{histogram}_sum"] - before[f"{histogram}_sum"]) / count if count else float("nan")

@@ -1,7 +1,7 @@
-"""Course assignments: `pagedlab assignment make N --out DIR` writes a student copy of stage N.
+"""Course: the solution regions marked in src/, and the stubs a student copy gets in their place.
 
-Builds on: the `# BEGIN SOLUTION` / `# END SOLUTION` regions marked in src/ (chapters/97-architecture.md, Assignments).
-Read with: chapters/98-assignments.md. Grading is tools/grading.py.
+Builds on: nothing of pagedlab (it reads source files as text).
+Read with: chapters/98-assignments.md, chapters/97-architecture.md (Assignments).
 
 A region belongs to the stage named by its module's docstring ("Stage N: ..."),
 or by its marker's own `stage N`. Its first line names the task and its points:
@@ -31,18 +31,19 @@ uses the teacher's launcher whatever the student does to it).
 from __future__ import annotations
 
 import ast
-import json
 import re
-import shutil
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
-
 BEGIN, END = "# BEGIN SOLUTION", "# END SOLUTION"
+
 _TASK = re.compile(r"#\s*TASK\s+([a-z0-9][a-z0-9-]*)\s+\((\d+)\s+pts?((?:,\s*[a-z]+[ =]\w+)*)\):\s*(.*)")
+
+
 _STAGE = re.compile(r'"""Stage (\d):')
+
+
 @dataclass
 class Region:
     """One marked solution region: a task."""
@@ -206,102 +207,3 @@ def repo_root() -> Path:
         if not (root / part).is_dir():
             raise ValueError(f"assignment: needs a source checkout of pagedlab; {root / part} is missing")
     return root
-
-
-def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Path:
-    """Write a student workspace for `stage` into `out` (which must not exist or be empty).
-
-    `with_solutions` keeps the regions (a teacher's copy, for checking that grading gives full marks).
-    """
-    from pagedlab.tools import grading
-
-    number, out, root = parse_stage(stage), Path(out), repo_root()
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"--out: {out} exists and is not empty")
-    regions = stage_regions(root, number)
-    if not regions:
-        raise ValueError(f"stage: stage {number} has no solution regions")
-    tests_of = grading.collect_tasks(number)
-    shutil.copytree(root / "src", out / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(root / "tests", out / "tests", ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, out / name)
-    for path in set() if with_solutions else {r.path for r in regions}:
-        target = out / path.relative_to(root)
-        target.write_text(stub_source(path.read_text(), [r for r in regions if r.path == path]))
-    _copy_reading(root, out, number)
-    tasks = [
-        {"id": r.task_id, "points": r.points, "file": str(r.path.relative_to(root)), "line": r.start + 1,
-         "task": r.task, "launcher": r.launcher, "tests": tests_of[r.task_id]}
-        for r in regions
-    ]  # fmt: skip
-    (out / "assignment.json").write_text(
-        json.dumps({"stage": number, "name": STAGE_NAMES[number], "tasks": tasks}, indent=2) + "\n"
-    )
-    (out / "HANDOUT.md").write_text(handout(number, tasks, root))
-    return out
-
-
-def _copy_reading(root: Path, out: Path, number: int) -> None:
-    notebook = root / STAGES[number].notebook
-    if notebook.exists():
-        (out / "notebooks").mkdir(exist_ok=True)
-        shutil.copy(notebook, out / "notebooks" / notebook.name)
-    chapter = root / STAGES[number].chapter
-    if chapter.exists():
-        (out / "chapters").mkdir(exist_ok=True)
-        shutil.copy(chapter, out / "chapters" / chapter.name)
-
-
-def handout(number: int, tasks: list[dict], root: Path) -> str:
-    """The student's README: the tasks and their points, where they are, the tests that grade each, the rules."""
-    total = sum(t["points"] for t in tasks)
-    files = sorted({test.split("::")[0] for t in tasks for test in t["tests"]})
-    lines = [
-        f"# pagedlab assignment: stage {number} ({STAGE_NAMES[number]}), {total} points",
-        "",
-        f"Read `{STAGES[number].chapter}` first. Each task below is a region between `# BEGIN SOLUTION`",
-        "and `# END SOLUTION` whose code is a stub that raises `NotImplementedError` (inside a Triton kernel:",
-        "`pass`, and its launcher raises; delete that line once the kernel is written). Earlier stages are complete.",
-        "",
-        "| task | points | file | line | what to write | graded by |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| `{t['id']}` | {t['points']} | `{t['file']}` | {t['line']} | {t['task']} | {len(t['tests'])} tests |"
-        for t in tasks
-    ]
-    lines += [
-        "",
-        "## How it is graded",
-        "",
-        "Only the code between each region's markers is taken from your copy; it is put into the teacher's",
-        "own copy of pagedlab and run against the teacher's tests (perhaps with hidden ones), so changes",
-        "elsewhere (other files, the tests, `assignment.json`) are ignored. A task's points are split evenly",
-        "over its tests. Before anything runs, each region is screened: it may use the names its file already",
-        "has, its own local names, and plain builtins (`len`, `range`, `min`, `sorted`, ...); it may not",
-        "import, use `exec`/`eval`/`open`/`getattr`, or touch `sys`, `os` or dunder attributes. A refused region",
-        "scores zero for its task, with the reason. Each test has a time limit.",
-        "",
-        "Run the graded tests yourself:",
-        "",
-        "```bash",
-        f"PYTHONPATH=src python -m pytest -q -m '{STAGES[number].marker} and task' {' '.join(files)}",
-        "```",
-        "",
-        "and see your score as the grader computes it (the same screening, the same points):",
-        "",
-        "```bash",
-        f"PYTHONPATH=src python -m pagedlab assignment grade . --stage {number}",
-        "```",
-        "",
-        "## The tests of each task",
-        "",
-    ]
-    for t in tasks:
-        lines += [f"**`{t['id']}`** ({t['points']} points over {len(t['tests'])} tests):", ""]
-        lines += [f"- `{test}`" for test in t["tests"]] + [""]
-    chapter = root / STAGES[number].chapter
-    if chapter.exists() and "## Exercises" in chapter.read_text():
-        lines += ["## Exercises (from the chapter)", "", chapter.read_text().split("## Exercises", 1)[1].strip()]
-    return "\n".join(lines) + "\n"

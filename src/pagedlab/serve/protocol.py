@@ -1,7 +1,7 @@
 """Serving: OpenAI's request and response shapes, checked at the door (chapters/08-online-serving.md).
 
 Builds on: sampling_params.py, model/chat_template.py (check_text).
-Read with: chapters/08-online-serving.md, tools/serve.py (the routes that use this).
+Read with: chapters/08-online-serving.md, serve/server.py (the routes that use this).
 
 Everything a request's body can hold is checked here, before the engine sees
 it: the body's size, its JSON, each field's type and range. A bad field is a

@@ -1,6 +1,6 @@
 """Screening a submitted region body before the grader runs it (chapters/98-assignments.md, What a body may use).
 
-Builds on: tools/assignment.py (the regions).
+Builds on: course/regions.py (the regions).
 Read with: chapters/98-assignments.md.
 
 A body is code the grader is about to run in a process where the teacher's

@@ -1,7 +1,8 @@
-"""Benchmarks: the cases `pagedlab bench kernel` runs, a random paged cache and every impl as a call over it.
+"""Stage 6: paged cases for the kernels: a random paged cache, the torch reference, every impl as a call over it.
 
-Builds on: attention/triton/decode.py, attention/triton/prefill.py, attention/tiled.py (the torch path).
-Read with: chapters/97-architecture.md (Benchmarks), chapters/06-triton-kernel.md.
+Builds on: attention/paged.py (paged_reference), attention/triton/decode.py, attention/triton/prefill.py,
+attention/tiled.py (the torch path).
+Read with: chapters/06-triton-kernel.md; used by lessons/kernels.py, bench/kernel.py and the kernel tests.
 
 A case is B requests of L tokens each in a paged cache whose block tables are
 a shuffled draw of the pool (one block is left out, so no table covers the
@@ -10,8 +11,8 @@ pool in order):
     block_table  [B, ceil(L / block_size)]     request 0: [5, 2, 6]   request 1: [0, 4, 3]
     kv_cache     [1 layer, 2, num_blocks, block_size, KVH, D]
 
-`reference` is fp32 attention over the case, gathered through the tables: every
-impl is checked against it. `decode_impls` and `prefill_impl` wrap each impl
+`reference` is the one torch reference (attention/paged.py, paged_reference)
+over the case: every impl is checked against it. `decode_impls` and `prefill_impl` wrap each impl
 as a call of no arguments over the same cache and queries, so that the bench
 times them alike. The Triton kernels are imported inside those calls' makers,
 after the bench has chosen between a GPU and the interpreter.
@@ -77,42 +78,22 @@ def make_case(batch: int, context_len: int, shape: HeadShape, dtype: torch.dtype
 
 
 def reference(case: PagedCase, q: torch.Tensor, q_len: int, seq_lens: list[int] | None = None) -> torch.Tensor:
-    """fp32 attention of each request's last q_len positions over its context (seq_lens[b] tokens, default L),
-    gathered through the block table: [B * q_len, H, D]."""
-    from pagedlab.attention.base import causal_attention, repeat_kv
+    """fp32 attention of each request's last q_len positions over its context (seq_lens[b] tokens, default L):
+    attention/paged.py's paged_reference over the case, [B * q_len, H, D]."""
+    from pagedlab.attention.paged import paged_reference
 
-    s, (keys, values) = case.shape, case.gather()
-    rep = s.num_heads // s.num_kv_heads
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    for b, n in enumerate(seq_lens or [case.context_len] * keys.shape[0]):
-        qb = q[b * q_len : (b + 1) * q_len].float()
-        kb, vb = repeat_kv(keys[b, :n].float(), rep), repeat_kv(values[b, :n].float(), rep)  # [n, H, D]
-        out[b * q_len : (b + 1) * q_len] = causal_attention(qb, kb, vb, s.head_dim**-0.5)
-    return out
+    lens = seq_lens or [case.context_len] * case.block_table.shape[0]
+    qsl = [b * q_len for b in range(len(lens) + 1)]
+    return paged_reference(q, case.k_cache, case.v_cache, case.block_table, lens, qsl).to(q.device)
 
 
 def decode_metadata(case: PagedCase):
     """The runner's metadata for one decode step of every request (the last position is the new token)."""
-    from pagedlab.attention.metadata import AttentionMetadata
+    from pagedlab.attention.metadata import metadata_for
 
-    b, dev = case.block_table.shape[0], case.block_table.device
-    rows = torch.arange(b, device=dev)
-    seq_lens = torch.full((b,), case.context_len, dtype=torch.int64, device=dev)
-    return AttentionMetadata(
-        query_start_loc=torch.arange(b + 1, device=dev),
-        query_start_loc_cpu=list(range(b + 1)),
-        seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.tolist(),
-        slot_mapping=case.slots()[:, -1],  # [B] the slot of each request's last position
-        block_table=case.block_table,
-        max_seq_len=case.context_len,
-        block_size=case.shape.block_size,
-        decode_rows=rows,
-        decode_rows_cpu=rows.tolist(),
-        prefill_rows=rows[:0],
-        prefill_rows_cpu=[],
-        max_query_len=1,
-    )
+    b = case.block_table.shape[0]
+    slots = case.slots()[:, -1]  # [B] the slot of each request's last position
+    return metadata_for(list(range(b + 1)), [case.context_len] * b, case.block_table, case.shape.block_size, slots)
 
 
 def decode_impls(case: PagedCase, q: torch.Tensor) -> dict:

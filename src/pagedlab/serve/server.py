@@ -1,7 +1,7 @@
-"""`pagedlab serve`: an OpenAI-compatible HTTP server around one engine loop (chapters/08-online-serving.md).
+"""Serving: `pagedlab serve`, an OpenAI-compatible HTTP server around one engine loop.
 
-Builds on: engine/async_engine.py (the engine thread), tools/serve_protocol.py (requests checked, responses
-built), tools/serve_metrics.py (/metrics, --explain-metrics).
+Builds on: engine/async_engine.py (the engine thread), serve/protocol.py (requests checked, responses
+built), serve/metrics.py (/metrics, /metrics/explain).
 Read with: chapters/08-online-serving.md.
 
     GET  /health                   200 while the engine loop runs
@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import json
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
@@ -34,10 +35,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from pagedlab.engine.async_engine import AsyncEngine
 from pagedlab.model.chat_template import load_chat_template
-from pagedlab.sampling_params import SamplingParams  # noqa: F401  (tests build params through this module)
-from pagedlab.tools import serve_protocol as api
-from pagedlab.tools.serve_metrics import MetricsExporter, explain_hit_rate
-from pagedlab.tools.serve_protocol import BadRequest
+from pagedlab.serve import protocol as api
+from pagedlab.serve.metrics import MetricsExporter, explain_hit_rate, parse_metrics
+from pagedlab.serve.protocol import BadRequest
 
 
 @dataclass
@@ -296,6 +296,19 @@ class ThreadedServer:
             time.sleep(0.02)
         self.url = f"http://127.0.0.1:{self.port}"
 
+    @classmethod
+    def for_model(cls, model: str = "tiny-shakespeare", chat_template: str | None = None, **engine_args):
+        """The server of `model` (a name or folder) with these engine settings, started (the notebook's)."""
+        return cls(build_state(model, engine_args, chat_template=chat_template))
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return response.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics by name: counters, gauges, histogram _sum and _count (buckets left out)."""
+        return parse_metrics(self.get("/metrics"))
+
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
@@ -327,57 +340,3 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_lev
     finally:
         state.engine.shutdown()
     return server._captured_signals[-1] if server._captured_signals else 0
-
-
-class LiveView:
-    """`pagedlab serve --live`: the demo's frame (queues, pool, requests, what changed), redrawn from the
-    server's own engine after its steps, at most `fps` times a second."""
-
-    def __init__(self, console=None, fps: float = 4.0):
-        from rich.console import Console
-        from rich.live import Live
-
-        self.console = console or Console(stderr=True)
-        self.live = Live(console=self.console, auto_refresh=False, transient=False)
-        self.min_interval, self.last = 1.0 / fps, 0.0
-
-    def __call__(self, engine: AsyncEngine) -> None:  # the engine thread, after each step
-        now = time.monotonic()
-        if now - self.last < self.min_interval:
-            return
-        self.last = now
-        self.live.update(self.frame(engine), refresh=True)
-
-    def frame(self, engine: AsyncEngine):
-        from rich.console import Group
-        from rich.text import Text
-
-        from pagedlab.engine.events import step_events
-        from pagedlab.tools.demo_view import changes, pool_line, queue_line, request_table
-
-        trace, config = list(engine.engine.trace), engine.engine.config
-        if not trace:
-            return Text("waiting for the first request")
-        with engine.lock:
-            prompts, texts, stats = dict(engine.prompts), dict(engine.texts), engine.stats
-            done = sum(stats.finished.values())
-        t = trace[-1]
-        header = Text(f"step {t.step} · serving at stage {config.stage} ({config.stage_name}) · {done} finished")
-        header.stylize("bold")
-        body = [header, queue_line(t, config), pool_line(t, config), request_table(t, prompts, texts)]
-        return Group(*body, changes(step_events(trace, len(trace) - 1, config)))
-
-    def __enter__(self):
-        self.live.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.live.stop()
-
-
-def explain_from(url: str) -> str:
-    """`pagedlab serve --explain-metrics`: ask a running server why its hit rate is what it is."""
-    import urllib.request
-
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics/explain", timeout=10) as response:
-        return response.read().decode()
