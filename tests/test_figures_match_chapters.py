@@ -1,6 +1,7 @@
 """The bench figures beside the chapters and the numbers the chapters quote come from one run: the committed JSON.
 
-Builds on: bench/figures.py (which bench draws which figure), scripts/chapter_tables.py (the tables, rendered).
+Builds on: bench/__init__.py (BENCHES: which bench draws which figure), scripts/chapter_tables.py (its tables as
+Markdown).
 Read with: chapters/97-architecture.md (Benchmarks).
 
 A chapter quotes a bench through a marked table or paragraph (scripts/chapter_tables.py):
@@ -20,10 +21,10 @@ import re
 from pathlib import Path
 
 import pytest
-from scripts.chapter_tables import CHAPTER_TABLES
+from scripts.chapter_tables import chapter_tables
 
 from pagedlab.bench.common import read_rows, write_rows_beside
-from pagedlab.bench.figures import BENCH_FIGURES, redraw_bench_figure, rows_path
+from pagedlab.bench.figures import figure_benches, redraw_bench_figure, rows_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "figures"
@@ -47,6 +48,7 @@ DESIGN_FIELDS = {  # chapters/97-architecture.md (Benchmarks): every row has the
         "itl_p50_s",
     ),
 }
+BENCH_FIGURES = {b.name: b.figure for b in figure_benches()}  # bench -> its figure's stem
 STALE = "figures/{0}.json changed since the chapter quoted it (`git checkout figures/` restores it)"
 
 
@@ -80,8 +82,9 @@ def test_every_bench_figure_has_its_rows_beside_it_and_a_chapter_quotes_them(nam
 @pytest.mark.parametrize(("chapter", "mark"), marks(TABLE), ids=lambda v: v if isinstance(v, str) else v[1])
 def test_a_marked_table_is_the_one_the_committed_json_renders(chapter, mark):
     stem, table, text = mark
-    assert stem in CHAPTER_TABLES and table in CHAPTER_TABLES[stem], f"{chapter}: no table {table!r} for {stem}"
-    want = CHAPTER_TABLES[stem][table](rows_of(stem))
+    rendered = chapter_tables(stem, rows_of(stem))
+    assert table in rendered, f"{chapter}: no table {table!r} for {stem}"
+    want = rendered[table]
     got = text.strip()
     assert got == want, f"{chapter}: {STALE.format(stem)}, or the table was edited; it should read:\n{want}"
 
@@ -90,7 +93,7 @@ def test_a_marked_table_is_the_one_the_committed_json_renders(chapter, mark):
 def test_a_marked_paragraph_quotes_only_numbers_of_the_committed_json(chapter, mark):
     stem, text = mark
     rows = rows_of(stem)
-    known = {n for render in CHAPTER_TABLES[stem].values() for n in re.findall(r"\d+(?:\.\d+)?", render(rows))}
+    known = {n for text in chapter_tables(stem, rows).values() for n in re.findall(r"\d+(?:\.\d+)?", text)}
     unknown = [n for n in MEASURED.findall(prose(text)) if n not in known]
     assert not unknown, f"{chapter}: {unknown} appear in no table of figures/{stem}.json; {STALE.format(stem)}"
 
@@ -146,10 +149,9 @@ def test_rerun_runs_each_bench_that_draws_a_committed_figure_into_the_out_folder
     from pagedlab import bench
     from pagedlab.bench.figures import rerun_bench_figures
 
-    calls = []
-    for name in BENCH_FIGURES:  # fakes: the real ones take minutes (tests/bench/ runs them on tiny streams)
-        monkeypatch.setitem(bench.BENCHES, name, lambda console, name=name, **kw: calls.append((name, kw)))
+    calls = []  # fakes: the real ones take minutes (tests/bench/ runs them on tiny streams)
+    monkeypatch.setattr(bench, "run_bench", lambda name, **kw: calls.append((name, kw)))
     paths = rerun_bench_figures(None, tmp_path)
-    assert calls == [(name, {"figure": True, "figures_dir": tmp_path}) for name in BENCH_FIGURES]
+    assert calls == [(name, {"figure": True, "figures_dir": tmp_path, "console": None}) for name in BENCH_FIGURES]
     assert paths[:2] == [tmp_path / "02_memory.png", tmp_path / "02_memory.json"]
     assert len(paths) == 2 * len(BENCH_FIGURES)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pagedlab import bench
-from pagedlab.bench.kernel import CPU_SHAPE, peak_gbps_for, run_kernel
+from pagedlab.bench.kernel import CPU_SHAPE, measure_kernel, peak_gbps_for
 from tests.conftest import need_triton
 
 pytestmark = pytest.mark.stage6
@@ -32,7 +32,7 @@ def cpu_rows():
     need_triton()
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the parity-only run needs the interpreter (conftest sets it where there is no CUDA)")
-    return run_kernel(quiet_console())["rows"]
+    return measure_kernel(quiet_console())
 
 
 def quiet_console():
@@ -79,7 +79,7 @@ def test_without_triton_the_bench_says_so_and_returns_no_rows(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
     console = quiet_console()
-    assert run_kernel(console) == {"bench": "kernel", "rows": []}
+    assert measure_kernel(console) == []
     assert "triton is not installed" in console.file.getvalue()
 
 
@@ -100,8 +100,8 @@ def test_the_bench_sets_the_interpreter_itself_in_a_fresh_process():
         pytest.skip("with CUDA the interpreter is not used")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
-        "import io, json; from rich.console import Console; from pagedlab.bench.kernel import run_kernel; "
-        "c = Console(file=io.StringIO()); r = run_kernel(c, dtypes=('float32',)); "
+        "import io, json; from rich.console import Console; from pagedlab.bench.kernel import measure_kernel; "
+        "c = Console(file=io.StringIO()); r = {'rows': measure_kernel(c, dtypes=('float32',))}; "
         "print(json.dumps([c.file.getvalue(), len(r['rows'])]))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -117,7 +117,7 @@ def test_a_configuration_that_fails_becomes_error_rows(monkeypatch):
         raise RuntimeError("out of memory (simulated)")
 
     monkeypatch.setattr(kernel, "make_case", out_of_memory)
-    rows = run_kernel(quiet_console(), batches=(2,), context_lens=(37,), dtypes=("float32",))["rows"]
+    rows = measure_kernel(quiet_console(), batches=(2,), context_lens=(37,), dtypes=("float32",))
     assert [r["impl"] for r in rows] == list(kernel.IMPLS)
     assert all(r["error"].startswith("RuntimeError: out of memory") and r["max_abs_err"] is None for r in rows)
     json.dumps(rows, allow_nan=False)

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from pagedlab.bench.kernel import IMPLS, run_kernel
+from pagedlab.bench.kernel import IMPLS, measure_kernel
 from tests.conftest import need_triton
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ def test_gpu_run_times_every_impl():
         pytest.skip("needs a CUDA device, and TRITON_INTERPRET unset (compiled kernels)")
     from rich.console import Console
 
-    rows = run_kernel(Console(file=io.StringIO()), batches=(2,), context_lens=(600,), dtypes=("float16",))["rows"]
+    rows = measure_kernel(Console(file=io.StringIO()), batches=(2,), context_lens=(600,), dtypes=("float16",))
     assert [r["impl"] for r in rows] == list(IMPLS)
     for r in rows:
         assert r["error"] is None and r["latency_us"] > 0 and r["max_abs_err"] < 2e-3, r

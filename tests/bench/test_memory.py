@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedlab import bench
+from pagedlab.bench import memory
 from pagedlab.bench.kv_spaces import FirstFitAllocator, make_space
-from pagedlab.bench.memory import NUM_REQUESTS, SHARES, StepCounts, memory_rows, run_memory, simulate
+from pagedlab.bench.memory import NUM_REQUESTS, SHARES, StepCounts, memory_rows, simulate
 from pagedlab.bench.workloads import WORKLOADS, RequestSpec, sample_requests
 from pagedlab.tools.cli import main
 
@@ -206,7 +207,7 @@ SMALL = {"pool_slots": 4096, "num_requests": {"sharegpt": 40, "alpaca": 400}, "b
 
 
 def test_cli_json_is_one_object_with_every_field_on_every_row(capsys, monkeypatch):
-    monkeypatch.setitem(bench.BENCHES, "memory", functools.partial(run_memory, **SMALL))
+    monkeypatch.setattr(memory, "measure_memory", functools.partial(memory.measure_memory, **SMALL))
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "memory", "--json", "--no-figure"])
     captured = capsys.readouterr()
@@ -227,7 +228,7 @@ def test_bench_writes_the_figure_and_the_rows_it_was_drawn_from(tmp_path):
 
     from pagedlab.bench.common import read_rows
 
-    result = run_memory(Console(quiet=True), figures_dir=tmp_path, **SMALL)
+    result = bench.run_bench("memory", figures_dir=tmp_path, console=Console(quiet=True), **SMALL)
     assert (tmp_path / "02_memory.png").stat().st_size > 10_000
     written = read_rows(tmp_path / "02_memory.json")  # the same run's rows, beside the figure
     assert written["bench"] == "memory" and written["rows"] == result["rows"]
@@ -240,7 +241,7 @@ def test_repeats_is_refused_by_a_bench_that_does_not_repeat(capsys):
         main(["bench", "memory", "--repeats", "3", "--no-figure"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("pagedlab bench: --repeats: only throughput, prefix, real and serve repeat")
+    assert err.startswith("pagedlab bench: --repeats: only prefix, throughput, real and serve repeat their runs")
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "throughput", "--repeats", "0", "--no-figure"])
     assert exit_info.value.code == 2 and "--repeats must be >= 1, got 0" in capsys.readouterr().err

@@ -14,8 +14,8 @@ import torch
 from pagedlab import bench
 from pagedlab.bench.common import read_rows
 from pagedlab.bench.real import CONTINUOUS, HF, HF_BATCH, ROOFLINE, SYSTEMS, chat_prompt, make_stream
-from pagedlab.bench.real_report import plot_real, target_lines
-from pagedlab.bench.real_systems import own_output
+from pagedlab.bench.real_report import draw_real, target_lines
+from pagedlab.bench.runs import own_output
 from pagedlab.model.loader import bundled_model_path
 from pagedlab.model.tokenizer import Tokenizer
 
@@ -127,7 +127,7 @@ def test_the_figure_and_its_rows_are_written_together(small_run):
     assert (figures / "07_real.png").stat().st_size > 0
     back = read_rows(figures / "07_real.json")
     assert back["bench"] == "real" and back["rows"] == result["rows"]
-    fig = plot_real(result["rows"])
+    fig = draw_real(result["rows"])
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list(GENERATING)
 
 

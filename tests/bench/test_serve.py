@@ -2,7 +2,8 @@
 
 import pytest
 
-from pagedlab.bench.serve import percentile, save_serve_figure, serve_rows
+from pagedlab.bench import get_bench, save_bench_figure
+from pagedlab.bench.serve import percentile, serve_rows
 
 pytestmark = pytest.mark.stage5
 
@@ -18,7 +19,7 @@ def test_a_tiny_load_test_measures_both_systems_and_draws_them(tmp_path):
     for r in rows:
         assert all(r[f] is not None for f in FIELDS), r
         assert r["tokens_per_s"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] and r["num_requests"] == 6
-    png = save_serve_figure(rows + [dict(r, request_rate=80.0) for r in rows], tmp_path)
+    png = save_bench_figure(get_bench("serve"), rows + [dict(r, request_rate=80.0) for r in rows], tmp_path)
     assert png.exists() and png.stat().st_size > 10_000
 
 

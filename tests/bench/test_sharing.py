@@ -5,18 +5,17 @@ import json
 
 import pytest
 
-from pagedlab import bench
+from pagedlab.bench import get_bench, save_bench_figure, sharing
 from pagedlab.bench.sharing import (
     PAPER_SAVED,
     STREAMS,
     Stream,
     add_requests,
     corpus_token_ids,
-    run_sharing,
     sharing_row,
     sharing_rows,
 )
-from pagedlab.bench.sharing_report import plot_sharing, save_sharing_figure
+from pagedlab.bench.sharing_report import draw_sharing
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
 from pagedlab.tools.cli import main
 
@@ -116,7 +115,7 @@ SMALL = {"streams": {"alpaca": Stream(2, 64), "sharegpt": Stream(1, 96)}, "width
 
 
 def test_cli_json_is_one_object_with_every_field_on_every_row(capsys, monkeypatch):
-    monkeypatch.setitem(bench.BENCHES, "sharing", functools.partial(run_sharing, **SMALL))
+    monkeypatch.setattr(sharing, "measure_sharing", functools.partial(sharing.measure_sharing, **SMALL))
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "sharing", "--json", "--no-figure"])
     captured = capsys.readouterr()
@@ -139,8 +138,8 @@ def test_the_figure_has_both_panels_and_is_written(tmp_path):
         {"mode": m, "width": w, "workload": wl, "block_size": 16, "saved": 0.1 * w, "paper_saved": p}
         for (wl, m, w), p in PAPER_SAVED.items()
     ]
-    fig = plot_sharing(rows)
+    fig = draw_sharing(rows)
     assert [ax.get_title() for ax in fig.axes] == ["parallel sampling", "beam search"]
     assert len(fig.axes[1].patches) == 6 + 4  # beam: Alpaca ours + paper at 3 widths, ShareGPT ours + paper at 2
-    path = save_sharing_figure(rows, tmp_path)
+    path = save_bench_figure(get_bench("sharing"), rows, tmp_path)
     assert path == tmp_path / "03_sharing.png" and path.stat().st_size > 10_000

@@ -10,22 +10,20 @@ import pytest
 import torch
 
 from pagedlab import bench
-from pagedlab.bench.hf_generate import hf_available, load_hf_model, serve_hf
+from pagedlab.bench import get_bench, save_bench_figure
 from pagedlab.bench.rounds import round_robin, spread
+from pagedlab.bench.runs import BenchRequest, Run, best_run, hf_available, load_hf_model, serve_hf_generate
 from pagedlab.bench.throughput import (
     ENGINE_SYSTEMS,
     HF_SYSTEM,
     EngineSystem,
-    Served,
-    StreamRequest,
-    best_run,
     make_stream,
     needed_context,
     pool_blocks,
-    serve_engine,
+    serve_fresh,
     throughput_row,
 )
-from pagedlab.bench.throughput_report import plot_throughput, save_throughput_figure, start_line, target_line
+from pagedlab.bench.throughput_report import draw_throughput, start_line, target_line
 from pagedlab.errors import InvariantError
 from pagedlab.model.loader import bundled_model_path, load_model
 from pagedlab.model.tokenizer import Tokenizer
@@ -78,15 +76,15 @@ def test_stream_is_seeded_scaled_and_starts_with_bos():
     assert stream == make_stream(tokenizer(), 50, length_scale=0.25, seed=3)
     assert stream != make_stream(tokenizer(), 50, length_scale=0.25, seed=4)
     bos = tokenizer().encode("")[0]
-    assert all(r.prompt_token_ids[0] == bos and r.output_len >= 1 for r in stream)
-    assert all(len(r.prompt_token_ids) + r.output_len <= 2048 * 0.25 + 1 for r in stream)  # the paper's 2048, x 1/4
+    assert all(r.prompt_token_ids[0] == bos and r.max_tokens >= 1 for r in stream)
+    assert all(len(r.prompt_token_ids) + r.max_tokens <= 2048 * 0.25 + 1 for r in stream)  # the paper's 2048, x 1/4
     full = make_stream(tokenizer(), 50, length_scale=1.0, seed=3)
-    assert sum(r.output_len for r in stream) == pytest.approx(0.25 * sum(r.output_len for r in full), rel=0.05)
+    assert sum(r.max_tokens for r in stream) == pytest.approx(0.25 * sum(r.max_tokens for r in full), rel=0.05)
 
 
 def test_the_pool_binds_the_batch_but_holds_the_longest_request():
     stream = make_stream(tokenizer(), 20, length_scale=0.5)
-    blocks = [-(-(len(r.prompt_token_ids) + r.output_len) // 16) for r in stream]
+    blocks = [-(-(len(r.prompt_token_ids) + r.max_tokens) // 16) for r in stream]
     assert pool_blocks(stream, 32, 16) == max(max(blocks), int(32 * sum(blocks) / len(blocks) * 0.5))
     assert pool_blocks(stream, 32, 16) < sum(sorted(blocks)[-32:]), "static worst-case admission cannot fit 32"
     assert pool_blocks(stream, 1, 16) == max(blocks)
@@ -141,13 +139,13 @@ def test_spread_is_the_best_the_median_and_the_worst():
     }
 
 
-def served(total_s: float, cpu_s: float, tokens=((1, 2), (3,))) -> Served:
+def served(total_s: float, cpu_s: float, tokens=((1, 2), (3,))) -> Run:
     """A made-up run of a two-request stream (2 and 1 output tokens): only its times differ from run to run."""
-    return Served([list(t) for t in tokens], [0.1, 0.2], [0.5, total_s], total_s, cpu_s, 3, 0, 0.9, 8, 6)
+    return Run([list(t) for t in tokens], [0.1, 0.2], [0.5, total_s], total_s, cpu_s, 3, 1, 0, 0.9, 8, 6)
 
 
 def test_a_row_reports_the_fastest_run_and_the_spread_of_all_runs():
-    stream = [StreamRequest((0, 5), 2), StreamRequest((0, 6, 7), 1)]
+    stream = [BenchRequest((0, 5), 2), BenchRequest((0, 6, 7), 1)]
     runs = [served(3.0, 1.5), served(1.0, 2.0), served(2.0, 1.0)]  # 3 output tokens each
     row = throughput_row("static", stream, runs)
     assert row["total_s"] == 1.0 and row["tokens_per_s"] == 3.0  # the fastest run
@@ -201,52 +199,52 @@ def test_rows_say_what_does_not_apply_and_share_one_pool():
 
 def test_every_system_generates_the_static_tokens_even_when_preempting():
     # Short prompts, 20 output tokens each; block_size 4.
-    stream = [StreamRequest(r.prompt_token_ids, 20) for r in make_stream(tokenizer(), 5, length_scale=0.05)]
+    stream = [BenchRequest(r.prompt_token_ids, 20) for r in make_stream(tokenizer(), 5, length_scale=0.05)]
     blocks, args = pool_blocks(stream, 2, 4), {"max_num_seqs": 2, "block_size": 4}
-    static = serve_engine(ENGINE_SYSTEMS[0], stream, blocks, **args)
+    static = serve_fresh(ENGINE_SYSTEMS[0], stream, blocks, **args)
     # A pool that holds one whole request: two running requests outgrow it and preempt each other.
     tight = EngineSystem("continuous-recompute", "continuous", engine_args={"preemption_mode": "recompute"})
     swap = EngineSystem("continuous-swap", "continuous", engine_args={"preemption_mode": "swap"})
     served = {
-        "continuous": serve_engine(ENGINE_SYSTEMS[1], stream, blocks, **args),
-        "continuous-recompute": serve_engine(tight, stream, pool_blocks(stream, 1, 4), **args),
-        "continuous-swap": serve_engine(swap, stream, pool_blocks(stream, 1, 4), **args),
+        "continuous": serve_fresh(ENGINE_SYSTEMS[1], stream, blocks, **args),
+        "continuous-recompute": serve_fresh(tight, stream, pool_blocks(stream, 1, 4), **args),
+        "continuous-swap": serve_fresh(swap, stream, pool_blocks(stream, 1, 4), **args),
     }
     if hf_available():
-        served[HF_SYSTEM] = serve_hf(load_hf_model(), stream, 2)
+        served[HF_SYSTEM] = serve_hf_generate(load_hf_model(bundled_model_path()), stream, 2, ignore_eos=True)
     assert served["continuous-recompute"].preemptions > 0 and served["continuous-swap"].preemptions > 0
     model = load_model().model
     for name, got in served.items():
         for i, (a, b) in enumerate(zip(got.token_ids, static.token_ids)):
             if a != b:  # only a near tie in the oracle's logits may tell them apart (97-architecture.md, Invariants)
-                expected = greedy(model, list(stream[i].prompt_token_ids), stream[i].output_len)
+                expected = greedy(model, list(stream[i].prompt_token_ids), stream[i].max_tokens)
                 assert_matches_oracle(a, expected, f"{name} request {i}")
                 assert_matches_oracle(b, expected, f"static request {i}")
 
 
 def test_one_request_at_a_time_reads_exactly_the_context_its_decodes_need():
     # Prompts of 2+ tokens (a 1-token prompt's prefill would look like a decode), 3 and 6 output tokens.
-    stream = [StreamRequest((0, 5, 6), 3), StreamRequest((0, 7, 8, 9, 10), 6)]
+    stream = [BenchRequest((0, 5, 6), 3), BenchRequest((0, 7, 8, 9, 10), 6)]
     assert needed_context(stream) == (4 + 5) + (6 + 7 + 8 + 9 + 10)
-    served = serve_engine(ENGINE_SYSTEMS[0], stream, pool_blocks(stream, 1, 4), max_num_seqs=1, block_size=4)
+    served = serve_fresh(ENGINE_SYSTEMS[0], stream, pool_blocks(stream, 1, 4), max_num_seqs=1, block_size=4)
     assert served.decode_context == needed_context(stream)
-    both = serve_engine(ENGINE_SYSTEMS[0], stream, 2 * pool_blocks(stream, 1, 4), max_num_seqs=2, block_size=4)
+    both = serve_fresh(ENGINE_SYSTEMS[0], stream, 2 * pool_blocks(stream, 1, 4), max_num_seqs=2, block_size=4)
     assert both.decode_context == 2 * (6 + 7) + (8 + 9 + 10)  # the short one is padded to the long one's context
 
 
 def test_latencies_are_per_request_and_within_the_run():
     stream = make_stream(tokenizer(), 6, length_scale=0.05)
-    served = serve_engine(ENGINE_SYSTEMS[1], stream, pool_blocks(stream, 2, 16), max_num_seqs=2)
+    served = serve_fresh(ENGINE_SYSTEMS[1], stream, pool_blocks(stream, 2, 16), max_num_seqs=2)
     assert len(served.latency_s) == len(served.first_token_s) == len(stream)
-    assert all(0 < f <= lat <= served.total_s for f, lat in zip(served.first_token_s, served.latency_s))
+    assert all(0 < f <= lat <= served.wall_s for f, lat in zip(served.first_token_s, served.latency_s))
 
 
 def test_figure_has_a_throughput_and_a_latency_panel(tmp_path):
     rows = small_result()[0]["rows"]
-    fig = plot_throughput(rows)
+    fig = draw_throughput(rows)
     assert len(fig.axes) == 2
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [r["system"] for r in rows]
-    path = save_throughput_figure(rows, tmp_path)
+    path = save_bench_figure(get_bench("throughput"), rows, tmp_path)
     assert path.name == "05_throughput.png" and path.stat().st_size > 0
 
 

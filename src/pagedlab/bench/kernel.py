@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from pagedlab.bench.tables import Column, Table, cell, left
 from pagedlab.lessons.kernel_cases import HeadShape, PagedCase, decode_impls, make_case, prefill_impl, reference
 from pagedlab.lessons.kernels import select_mode
 
@@ -147,21 +148,25 @@ def make_row(impl: str, m: dict, nbytes: int, common: dict, **extra) -> dict:
     return row
 
 
-def run_kernel(
-    console,
-    *,
-    figure: bool = True,
-    peak_gbps: float | None = None,
-    batches=None,
-    context_lens=None,
-    dtypes=DTYPES,
-    prefill_chunk: int | None = None,
-) -> dict:
-    """The `kernel` bench: rows and a table on `console` (it draws no figure). Shapes default by mode."""
+def headline(rows: list[dict]) -> str:
+    """The chapter's number: bandwidth share of V1 and V2 at the largest batch and context, in fp16."""
+    big = [r for r in rows if r["dtype"] == "float16" and r["impl"] in ("triton-v1", "triton-v2", "torch", "sdpa")]
+    if not big:
+        return "kernel: no float16 rows"
+    top = max((r["batch"], r["context_len"]) for r in big)
+    at = {r["impl"]: r["bandwidth_share"] for r in big if (r["batch"], r["context_len"]) == top}
+    shares = ", ".join(f"{k} {'-' if v is None else format(v, '.0%')}" for k, v in at.items())
+    return f"kernel: bandwidth share at batch {top[0]}, context {top[1]}, fp16: {shares}"
+
+
+def measure_kernel(console, peak_gbps: float | None = None, batches=None, context_lens=None, dtypes=DTYPES,
+                   prefill_chunk: int | None = None) -> list[dict]:  # fmt: skip
+    """Every impl over the shapes of this machine's mode (a GPU: latency and bandwidth; the interpreter: parity);
+    no rows where Triton cannot run (select_mode says why)."""
     mode = select_mode(console)
     if mode is None:
-        return {"bench": "kernel", "rows": []}
-    start, gpu = time.perf_counter(), mode == "gpu"
+        return []
+    gpu = mode == "gpu"
     device = torch.cuda.get_device_name() if gpu else "CPU, Triton interpreter"
     peak = peak_gbps or float(os.environ.get("PAGEDLAB_PEAK_GBPS", 0)) or (peak_gbps_for(device) if gpu else None)
     if gpu:
@@ -181,58 +186,41 @@ def run_kernel(
         prefill_chunk or (PREFILL_CHUNK if gpu else CPU_PREFILL_CHUNK),
         peak,
     )
-    console.print(kernel_table(rows, device))
-    if gpu:
-        console.print(headline(rows))
-    console.print(f"[dim]kernel: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "kernel", "rows": rows}
+    return [r | {"device": device} for r in rows]
 
 
-def headline(rows: list[dict]) -> str:
-    """The chapter's number: bandwidth share of V1 and V2 at the largest batch and context, in fp16."""
-    big = [r for r in rows if r["dtype"] == "float16" and r["impl"] in ("triton-v1", "triton-v2", "torch", "sdpa")]
-    if not big:
-        return "kernel: no float16 rows"
-    top = max((r["batch"], r["context_len"]) for r in big)
-    at = {r["impl"]: r["bandwidth_share"] for r in big if (r["batch"], r["context_len"]) == top}
-    shares = ", ".join(f"{k} {'-' if v is None else format(v, '.0%')}" for k, v in at.items())
-    return f"kernel: bandwidth share at batch {top[0]}, context {top[1]}, fp16: {shares}"
-
-
-def kernel_table(rows: list[dict], device: str):
-    from rich.table import Table
-
+def _title(rows: list[dict]) -> str:
     r0 = rows[0] if rows else {}
     shape = f"H={r0.get('num_heads')}, KVH={r0.get('num_kv_heads')}, D={r0.get('head_dim')}"
-    table = Table(title=f"Paged attention on {device} ({shape}, block {r0.get('block_size')}); error vs fp32 torch")
-    for col in ("impl", "batch", "context", "q_len", "dtype", "latency µs", "GB/s", "share of peak", "max |err|"):
-        table.add_column(col, justify="right")
-    table.add_column("call s", justify="right")
-
-    def fmt(x, spec):
-        return "-" if x is None else format(x, spec)
-
-    for r in rows:
-        err = r["error"] or fmt(r["max_abs_err"], ".1e")
-        cells = (r["impl"], r["batch"], r["context_len"], r["q_len"], r["dtype"], fmt(r["latency_us"], ".1f"))
-        more = (fmt(r["gbps"], ".0f"), fmt(r["bandwidth_share"], ".1%"), err, fmt(r["call_s"], ".3f"))
-        table.add_row(*map(str, cells + more))
-    return table
+    return f"Paged attention on {r0.get('device')} ({shape}, block {r0.get('block_size')}); error vs fp32 torch"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m pagedlab.bench.kernel [--json] [--peak-gbps N]`: the bench with its own options."""
-    import argparse
+TABLES = {
+    "impls": Table(
+        (
+            left("impl", lambda r: r["impl"]),
+            Column("batch", lambda r: str(r["batch"])),
+            Column("context", lambda r: str(r["context_len"])),
+            Column("q_len", lambda r: str(r["q_len"])),
+            Column("dtype", lambda r: r["dtype"]),
+            Column("latency µs", lambda r: cell(r["latency_us"], "{:.1f}")),
+            Column("GB/s", lambda r: cell(r["gbps"], "{:.0f}")),
+            Column("share of peak", lambda r: cell(r["bandwidth_share"], "{:.1%}")),
+            Column("max |err|", lambda r: r["error"] or cell(r["max_abs_err"], "{:.1e}")),
+            Column("call s", lambda r: cell(r["call_s"], "{:.3f}")),
+        ),
+        title=_title,
+    ),
+}
 
-    from pagedlab.bench import run_bench
 
-    parser = argparse.ArgumentParser(prog="python -m pagedlab.bench.kernel", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
-    parser.add_argument("--peak-gbps", type=float, default=None, help="the device's peak bandwidth, GB/s")
-    args = parser.parse_args(argv)
-    run_bench("kernel", as_json=args.json, peak_gbps=args.peak_gbps)
-    return 0
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return TABLES
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def report(console, rows: list[dict]) -> None:
+    if not rows:
+        return
+    console.print(TABLES["impls"].rich(rows))
+    if not rows[0]["interpreted"]:
+        console.print(headline(rows))

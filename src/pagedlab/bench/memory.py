@@ -3,6 +3,8 @@
 Builds on: bench/kv_spaces.py (first-fit regions, and the stage-2 manager used as is), request.py, bench/workloads.py.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/02-paged-blocks.md.
 
+Tables and figure: bench/memory_report.py.
+
 A fake model (no forward pass, no torch) runs a saturated stream of requests
 over a fixed pool of KV slots. Every step, each running request computes its
 next token (its first step computes the whole prompt), and each slot of the
@@ -29,22 +31,14 @@ request, against 96.3 % for vLLM, which allocates blocks on demand.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import write_rows_beside, wrote_line
 from pagedlab.bench.kv_spaces import SYSTEMS, KVSpace, make_space
 from pagedlab.bench.workloads import RequestSpec, sample_requests
 from pagedlab.errors import InvariantError, check
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-    from rich.table import Table
 
 PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382, "paged": 0.963}
 PAPER_BLOCK_SIZE = 16  # vLLM's default, the block size of the paper's 96.3 %
@@ -54,7 +48,6 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 # Enough requests that the measured (saturated) steps far outnumber the start-up steps.
 NUM_REQUESTS = {"sharegpt": 600, "alpaca": 2500}
 SHARES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation")
-INTERNAL_FRAGMENTATION = "#d55e00"  # Okabe-Ito vermillion: viz's palette has no colour for slots wasted for good
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,89 +195,11 @@ def batch_gain(rows: list[dict], workload: str) -> float | None:
     return paged / maximum if paged and maximum else None
 
 
-def run_memory(
-    console,
-    *,
-    figure: bool = True,
-    figures_dir: str | Path = "figures",
-    pool_slots: int = 16384,
-    num_requests: dict[str, int] | None = None,
-    block_sizes=BLOCK_SIZES,
-    seed: int = 0,
-) -> dict:
-    """The `memory` bench: rows for both workloads, a table on `console`, figures/02_memory.png + .json."""
-    rows, start = [], time.perf_counter()
+def measure_memory(console, pool_slots: int = 16384, num_requests: dict[str, int] | None = None,
+                   block_sizes=BLOCK_SIZES, seed: int = 0) -> list[dict]:  # fmt: skip
+    """Every system on both workloads' saturated streams: the bench's rows."""
+    rows = []
     for workload, n in (num_requests or NUM_REQUESTS).items():
         console.print(f"[dim]memory: {workload}, {n} requests, {pool_slots} slots …[/dim]")
         rows += memory_rows(workload, n, pool_slots, block_sizes, seed)
-    console.print(memory_table(rows))
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        gain = batch_gain(rows, workload)
-        if gain is not None:
-            console.print(f"{workload}: paged (block 16) batches {gain:.1f}x the requests of contiguous-max")
-    result = {"bench": "memory", "rows": rows}
-    if figure:
-        png = save_memory_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]memory: {time.perf_counter() - start:.1f} s[/dim]")
-    return result
-
-
-def save_memory_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    from pagedlab import viz
-
-    return viz.save_figure(plot_memory(rows), Path(figures_dir) / "02_memory.png")
-
-
-def memory_table(rows: list[dict]) -> Table:
-    """A rich table of the rows, the paper's token-state share beside ours."""
-    from rich.table import Table
-
-    table = Table(title="KV cache memory (vLLM paper Fig. 2): share of the pool, averaged over saturated steps")
-    for col in ("workload", "system", "block", "token states", "paper", "reservation", "internal", "external"):
-        table.add_column(col, justify="left" if col in ("workload", "system") else "right")
-    table.add_column("batch", justify="right")
-    pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"
-    for r in rows:
-        shares = [pct(r[s]) for s in SHARES]
-        block = "-" if r["block_size"] is None else str(r["block_size"])
-        cells = [r["workload"], r["system"], block, shares[0], pct(r["paper_token_states"]), *shares[1:]]
-        table.add_row(*cells, f"{r['mean_batched_requests']:.1f}")
-    return table
-
-
-def plot_memory(rows: list[dict]) -> Figure:
-    """Stacked bars like the paper's Fig. 2: one bar per system (paged at block 16), one panel per workload."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    from pagedlab import viz
-
-    colours = dict(zip(SHARES, (viz.USED, viz.RESERVED, INTERNAL_FRAGMENTATION, viz.FREE)))
-    shown = [r for r in rows if r["block_size"] in (None, PAPER_BLOCK_SIZE)]
-    workloads = list(dict.fromkeys(r["workload"] for r in shown))
-    fig, axes = viz.plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.2), squeeze=False, sharey=True)
-    for ax, workload in zip(axes[0], workloads):
-        bars = [r for r in shown if r["workload"] == workload]
-        labels = [r["system"].replace("contiguous-", "").replace("paged", "paged\n(block 16)") for r in bars]
-        bottom = [0.0] * len(bars)
-        for share in SHARES:
-            values = [100 * r[share] for r in bars]
-            ax.bar(labels, values, bottom=bottom, color=colours[share], edgecolor="white", linewidth=0.5)
-            bottom = [b + v for b, v in zip(bottom, values)]
-        for x, r in enumerate(bars):
-            tokens = 100 * r["token_states"]
-            inside = tokens > 8  # a thin bar gets its label above it
-            y, colour = (tokens / 2, "white") if inside else (tokens + 1, "black")
-            ax.text(x, y, f"{tokens:.1f}", ha="center", va="center" if inside else "bottom", color=colour)
-            if r["paper_token_states"] is not None:
-                ax.plot([x - 0.4, x + 0.4], [100 * r["paper_token_states"]] * 2, color="black", linestyle="--")
-        ax.set_title(f"{workload} ({bars[0]['num_requests']} requests, {bars[0]['pool_slots']} slots)")
-        ax.set_ylim(0, 100)
-    axes[0][0].set_ylabel("share of the KV pool (%)")
-    names = ("token states", "reservation", "internal fragmentation", "external fragmentation & other")
-    handles = [Patch(color=colours[s], label=n) for s, n in zip(SHARES, names)]
-    handles.append(Line2D([], [], color="black", linestyle="--", label="paper: token states"))
-    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, -0.08))
-    fig.tight_layout()
-    return fig
+    return rows

@@ -38,10 +38,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids, timing_llm
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, PrefixedRequest, shared_prefix_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
@@ -188,18 +187,8 @@ def prefix_rows(
     return rows
 
 
-def run_prefix(
-    console,
-    *,
-    figure: bool = True,
-    figures_dir: str | Path = "figures",
-    workloads=tuple(SHARED_PREFIX_LENS),
-    **options,
-) -> dict:
-    """The `prefix` bench: rows for both workloads, tables on `console`, figures/04_prefix.png + .json."""
-    from pagedlab.bench.prefix_report import gains_table, prefix_table, save_prefix_figure
-
-    start = time.perf_counter()
+def measure_prefix(console, workloads=tuple(SHARED_PREFIX_LENS), **options) -> list[dict]:
+    """Both workloads without and with caching, on an engine warmed up first: the bench's rows."""
     warm_up = make_llm(caching=False)
     corpus_ids = corpus_token_ids(warm_up.get_tokenizer(), CORPUS_CHARS)
     serve(warm_up, shared_prefix_requests("one-shot", corpus_ids, 2, output_lens=(2, 2)))  # torch's first calls
@@ -208,11 +197,4 @@ def run_prefix(
         n = options.get("num_requests", NUM_REQUESTS)
         console.print(f"[dim]prefix: {workload}, {n} requests, without and with caching …[/dim]")
         rows += prefix_rows(workload, corpus_ids, **options)
-    console.print(prefix_table(rows))
-    console.print(gains_table(rows))
-    result = {"bench": "prefix", "rows": rows}
-    if figure:
-        png = save_prefix_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]prefix: {time.perf_counter() - start:.1f} s[/dim]")
-    return result
+    return rows

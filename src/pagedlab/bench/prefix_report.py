@@ -3,89 +3,71 @@
 Builds on: bench/prefix.py (the rows: one without and one with caching per workload), rich, matplotlib through viz.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/04-prefix-caching.md.
 
-    prefix_table   one line per run: prompt tokens, those computed, hit rate, TTFT, prefill, total and CPU time
-    gains_table    caching on ÷ off per workload, the paper's throughput gain beside ours
-    04_prefix.png  three panels: prompt tokens computed vs hit, mean TTFT, throughput gain vs the paper's
+    TABLES["runs"]   one line per run: prompt tokens, those computed, hit rate, mean TTFT, requests/s, CPU time
+    TABLES["gains"]  caching on ÷ off per workload, the paper's throughput gain beside ours
+    draw_prefix      three panels: prompt tokens computed vs hit, mean TTFT, throughput gain vs the paper's
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from pagedlab.bench.tables import Column, Table, left, pct, times
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.table import Table
 
 
-def prefix_table(rows: list[dict]) -> Table:
-    """A rich table of the rows: what each run computed and how long it took."""
-    from rich.table import Table
-
+def _title(rows: list[dict]) -> str:
     first = rows[0]
-    title = (
+    return (
         f"Shared prefix (vLLM paper §6.4), stage 4, max_num_seqs {first['max_num_seqs']}, "
         f"block {first['block_size']}: prefill computed and time"
     )
-    table = Table(title=title)
-    cols = ("workload", "caching", "requests", "prompt tok", "computed", "hit rate", "TTFT", "prefill", "total", "CPU")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("workload", "caching") else "right")
-    for r in rows:
-        table.add_row(
-            f"{r['workload']} ({r['num_prefix_tokens']})",
-            "on" if r["caching"] else "off",
-            str(r["num_requests"]),
-            str(r["prompt_tokens"]),
-            str(r["computed_prefill_tokens"]),
-            f"{100 * r['hit_rate']:.1f} %",
-            f"{r['ttft_s']:.3f} s",
-            f"{r['prefill_s']:.3f} s",
-            f"{r['total_s']:.3f} s",
-            f"{r['cpu_s']:.3f} s",
-        )
-    return table
 
 
-def gains_table(rows: list[dict]) -> Table:
-    """Caching on ÷ off per workload, the paper's throughput gain beside ours."""
-    from rich.table import Table
-
-    table = Table(title="Caching on vs off (paper: vLLM vs Orca (Oracle), LLaMA-13B on a GPU)")
-    cols = (
-        "workload",
-        "computed ÷",
-        "TTFT ×",
-        "prefill ×",
-        "throughput ×",
-        "CPU ×",
-        "paper throughput ×",
-        "same tokens",
-    )
-    for col in cols:
-        table.add_column(col, justify="left" if col == "workload" else "right")
-    for r in rows:
-        if r["caching"]:
-            table.add_row(
-                r["workload"],
-                f"{r['computed_ratio']:.3f}",
-                f"{r['ttft_speedup']:.2f}",
-                f"{r['prefill_speedup']:.2f}",
-                f"{r['throughput_gain']:.2f}",
-                f"{r['cpu_gain']:.2f}",
-                f"{r['paper_throughput_gain']:.2f}",
-                "yes" if r["same_tokens"] else "NO",
-            )
-    return table
+TABLES = {
+    "runs": Table(
+        (
+            left("workload", lambda r: f"{r['workload']} ({r['num_prefix_tokens']}-token prefix)"),
+            left("caching", lambda r: "on" if r["caching"] else "off"),
+            Column("prompt tokens", lambda r: str(r["prompt_tokens"])),
+            Column("computed", lambda r: str(r["computed_prefill_tokens"])),
+            Column("hit rate", lambda r: pct(r["hit_rate"])),
+            Column("mean TTFT", lambda r: f"{r['ttft_s']:.2f} s"),
+            Column("requests/s", lambda r: f"{r['requests_per_s']:.1f}"),
+            Column("CPU time", lambda r: f"{r['cpu_s']:.2f} s"),
+        ),
+        title=_title,
+    ),
+    "gains": Table(
+        (
+            left("caching on vs off", lambda r: r["workload"]),
+            Column("prefill computed", lambda r: pct(r["computed_ratio"])),
+            Column("mean TTFT", lambda r: f"{times(r['ttft_speedup'])} lower"),
+            Column("requests/s", lambda r: f"{times(r['throughput_gain'])} higher"),
+            Column("per CPU-second", lambda r: f"{times(r['cpu_gain'])} higher"),
+            Column("paper", lambda r: f"{times(r['paper_throughput_gain'])} higher"),
+        ),
+        lambda rows: [r for r in rows if r["caching"]],
+        "Caching on vs off (paper: vLLM vs Orca (Oracle), LLaMA-13B on a GPU)",
+    ),
+}
 
 
-def save_prefix_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    from pagedlab import viz
-
-    return viz.save_figure(plot_prefix(rows), Path(figures_dir) / "04_prefix.png")
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return TABLES
 
 
-def plot_prefix(rows: list[dict]) -> Figure:
+def report(console, rows: list[dict]) -> None:
+    for table in TABLES.values():
+        console.print(table.rich(rows))
+    for r in (r for r in rows if r["caching"]):
+        same = "the same tokens" if r["same_tokens"] else "OTHER TOKENS (a bug)"
+        console.print(f"prefix: {r['workload']}: caching on and off made {same}")
+
+
+def draw_prefix(rows: list[dict]) -> Figure:
     """Three panels per workload pair: prompt tokens computed vs hit, mean TTFT, throughput gain vs the paper's."""
     from pagedlab import viz
 

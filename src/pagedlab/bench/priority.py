@@ -24,7 +24,7 @@ def priority_latencies(stream, num_kv_blocks: int, max_num_seqs: int, block_size
     from pagedlab.llm import LLM
 
     classes = [i % NUM_CLASSES for i in range(len(stream))]
-    params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in stream]
+    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True) for r in stream]
     prompts = [list(r.prompt_token_ids) for r in stream]
     out = []
     for policy in ("fcfs", "priority"):
@@ -39,7 +39,7 @@ def priority_latencies(stream, num_kv_blocks: int, max_num_seqs: int, block_size
         for c in range(NUM_CLASSES):
             mine = [(o, r) for o, r, k in zip(done, stream, classes) if k == c]
             ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o, _ in mine]
-            norm = [(o.metrics["finished_time"] - o.metrics["arrival_time"]) / r.output_len for o, r in mine]
+            norm = [(o.metrics["finished_time"] - o.metrics["arrival_time"]) / r.max_tokens for o, r in mine]
             out.append(
                 {
                     "policy": policy,

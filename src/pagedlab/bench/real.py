@@ -34,12 +34,10 @@ from __future__ import annotations
 import functools
 import random
 import statistics
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
+from pagedlab.bench.real_systems import ENGINE_STAGES, ROOFLINE_STEPS
 from pagedlab.bench.rounds import round_robin, spread
-from pagedlab.errors import InvariantError
+from pagedlab.bench.runs import BenchRequest, Run, best_run, hf_generate_job, serve_engine
 
 MODEL = "smollm2-135m-instruct"  # a registered name (model/registry.py): `pagedlab fetch smollm2` makes it
 NUM_REQUESTS = 24  # three static batches of MAX_NUM_SEQS
@@ -50,7 +48,6 @@ MAX_NUM_BATCHED_TOKENS = 2048  # tokens per step at most, for pagedlab and hf-ge
 BLOCK_SIZE = 16
 TORCH_THREADS = 1  # the machine's cores are shared with other work: one thread keeps timings comparable
 REPEATS = 2  # rounds of one run per system; each system's best run is reported
-ROOFLINE_STEPS = 5  # decode steps of matmuls timed per round
 TARGETS = {"hf-generate": 2.0, "hf-generate-batch": 3.0, "matmul-roofline": 0.5}  # continuous ÷ each, tokens/s
 CONTINUOUS, STATIC, HF, HF_BATCH, ROOFLINE = (
     "pagedlab-continuous",
@@ -60,7 +57,6 @@ CONTINUOUS, STATIC, HF, HF_BATCH, ROOFLINE = (
     "matmul-roofline",
 )
 SYSTEMS = (CONTINUOUS, STATIC, HF, HF_BATCH, ROOFLINE)
-ENGINE_STAGES = {CONTINUOUS: "continuous", STATIC: "prefix"}
 CHATML = (  # SmolLM2's template, for a folder whose tokenizer has none
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
@@ -76,31 +72,6 @@ QUESTIONS = (
 CORPUS_CHARS = 200_000  # passages are cut from the corpus's first characters
 
 
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """One request of the stream: a rendered chat prompt and its own output budget."""
-
-    prompt_token_ids: tuple[int, ...]  # the ChatML conversation up to the assistant's header
-    max_tokens: int  # output tokens at most; generation also stops at the model's EOS
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """One system serving the whole stream once; times in seconds since the stream was queued."""
-
-    token_ids: list[list[int]]  # each request's output tokens (EOS included when it came), in stream order
-    first_token_s: list[float]  # per request: first token time - queue time
-    latency_s: list[float]  # per request: last token time - queue time
-    wall_s: float  # from queueing the stream to its last token
-    cpu_s: float  # CPU time of this process meanwhile (all its threads)
-    steps: int | None  # forward passes (None: transformers' generate_batch does not say)
-    threads: int | None  # torch threads of the thread that ran the model
-    forward_share: float | None = None  # pagedlab: share of step time inside forward + sampling
-    decode_step_s: float | None = None  # median time of a step that decoded a full batch and prefilled nothing
-    prefill_s: float | None = None  # time in steps that fed prompt tokens (hf-generate: each batch's first step)
-    error: str | None = None  # why the run failed (then the lists are empty)
-
-
 def chat_prompt(tokenizer, question: str) -> list[int]:
     """The question as a one-turn conversation, through the model's chat template (else SmolLM2's ChatML)."""
     if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
@@ -111,7 +82,7 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
 
 def make_stream(
     tokenizer, num_requests: int = NUM_REQUESTS, output_lens: tuple[int, int] = OUTPUT_LENS, seed: int = 0
-) -> list[ChatRequest]:
+) -> list[BenchRequest]:
     """Seeded questions about passages of 1-8 corpus lines, and max_tokens drawn in `output_lens`."""
     from pagedlab.model.loader import corpus_path
 
@@ -121,11 +92,11 @@ def make_stream(
         count = rng.randint(*PASSAGE_LINES)
         start = rng.randrange(len(lines) - count)
         question = f"{rng.choice(QUESTIONS)}\n\n" + "\n".join(lines[start : start + count])
-        stream.append(ChatRequest(tuple(chat_prompt(tokenizer, question)), rng.randint(*output_lens)))
+        stream.append(BenchRequest(tuple(chat_prompt(tokenizer, question)), rng.randint(*output_lens)))
     return stream
 
 
-def pool_blocks(stream: list[ChatRequest], max_num_seqs: int, block_size: int = BLOCK_SIZE) -> int:
+def pool_blocks(stream: list[BenchRequest], max_num_seqs: int, block_size: int = BLOCK_SIZE) -> int:
     """max_num_seqs of the stream's longest request: memory never binds, so only the schedulers differ."""
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in stream)
     return max_num_seqs * -(-longest // block_size)
@@ -133,12 +104,9 @@ def pool_blocks(stream: list[ChatRequest], max_num_seqs: int, block_size: int = 
 
 def run_row(system: str, runs: list[Run], batch: int) -> dict:
     """One flat row from a system's runs: its fastest run, and the spread of tokens/s over all of them."""
-    good = [r for r in runs if r.error is None]
-    if not good:
+    best, good = best_run(system, runs), [r for r in runs if r.error is None]
+    if best is None:
         return empty_row(system, batch) | {"error": runs[0].error, "runs": len(runs)}
-    if any(r.token_ids != good[0].token_ids for r in good):
-        raise InvariantError(f"{system}: tokens changed between identical runs")
-    best = min(good, key=lambda r: r.wall_s)
     tokens = sum(len(t) for t in best.token_ids)
     row = empty_row(system, batch) | {"num_requests": len(best.token_ids), "threads": best.threads}
     row |= spread([tokens / r.wall_s for r in good], "tokens_per_s")
@@ -226,30 +194,10 @@ def system_jobs(model, num_requests, max_num_seqs, output_lens, seed, roofline_s
     jobs = {}
     for name in ENGINE_STAGES:
         llm = systems.engine_llm(model, name, **args)
-        systems.serve_engine(llm, stream[:2])  # torch's first calls
-        jobs[name] = functools.partial(systems.serve_engine, llm, stream)
-    jobs[HF] = systems.hf_generate_job(model, stream, max_num_seqs)
+        serve_engine(llm, stream[:2])  # torch's first calls
+        jobs[name] = functools.partial(serve_engine, llm, stream)
+    jobs[HF] = hf_generate_job(resolve_model_path(model), stream, max_num_seqs)
     jobs[HF_BATCH] = systems.hf_batch_job(model, stream, max_num_seqs, MAX_NUM_BATCHED_TOKENS)
     weights = systems.linear_weights(llm.loaded.model)  # the last engine's: the same model
     jobs[ROOFLINE] = functools.partial(systems.matmul_step_seconds, weights, max_num_seqs, roofline_steps)
     return jobs, stream
-
-
-def run_real(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
-    """The `real` bench: rows, tables and targets on `console`, figures/07_real.png + .json. Torch: one thread."""
-    from pagedlab.bench.common import torch_threads, write_rows_beside, wrote_line
-    from pagedlab.bench.real_report import real_table, save_real_figure, start_line, target_lines
-
-    start = time.perf_counter()
-    console.print(start_line(options))
-    with torch_threads(TORCH_THREADS):
-        rows = real_rows(console, **options)
-    console.print(real_table(rows))
-    for line in target_lines(rows):
-        console.print(line)
-    result = {"bench": "real", "rows": rows}
-    if figure:
-        png = save_real_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]real: {time.perf_counter() - start:.1f} s[/dim]")
-    return result

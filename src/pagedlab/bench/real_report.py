@@ -5,18 +5,19 @@ Read with: chapters/97-architecture.md (Benchmarks), chapters/07-real-model.md.
 
 One line before the runs (start_line: what runs, and roughly how long), then:
 
-    real_table    one line per system: speed (best, slowest, median run), latency, steps, seats, threads
-    target_lines  pagedlab-continuous ÷ hf-generate, ÷ hf-generate-batch, ÷ the roofline, against TARGETS,
-                  in words, with what bounds each ratio; and whether every system made the same tokens
+    TABLES["systems"]  one line per system: best and slowest tokens/s, first-token time, steps, step cost, seats
+                       (chapter 7's)
+    TABLES["detail"]   the same systems: latency, the model's share of a step, threads, same tokens as hf-generate
+    target_lines       pagedlab-continuous ÷ hf-generate, ÷ hf-generate-batch, ÷ the roofline, against TARGETS,
+                       in words, with what bounds each ratio; and whether every system made the same tokens
 
 A ratio of two systems that count their steps splits exactly: tokens/s = busy seats x batch ÷ step time,
 so continuous ÷ another = (its busy seats ÷ theirs) x (their step time ÷ its own).
-    07_real.png   tokens/s, one bar per system, the matmul roofline as a line across
+    draw_real          tokens/s, one bar per system, the matmul roofline as a line across
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.common import rough_duration
@@ -32,10 +33,10 @@ from pagedlab.bench.real import (
     SYSTEMS,
     TARGETS,
 )
+from pagedlab.bench.tables import Column, Table, cell, left
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.table import Table
 
 # Seconds of one run of each system at the defaults on a quiet 2-core CPU, for the estimate printed at the start.
 RUN_SECONDS = {CONTINUOUS: 18, STATIC: 21, HF: 30, HF_BATCH: 26, ROOFLINE: 1}
@@ -53,55 +54,60 @@ def start_line(options: dict) -> str:
     )
 
 
-def dash(value, fmt: str) -> str:
-    """A table cell: '-' where a field does not apply."""
-    return "-" if value is None else format(value, fmt)
-
-
-def speed(value: float | None) -> str:
-    """tokens/s in a table cell: three significant figures or so."""
-    return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
-
-
-def real_table(rows: list[dict]) -> Table:
-    """A rich table of the rows: speed (best run, slowest and median beside it), latency, where the steps went."""
-    from rich.table import Table
-
+def _title(rows: list[dict]) -> str:
     r0 = next(r for r in rows if r["num_requests"]) if any(r["num_requests"] for r in rows) else rows[0]
-    title = (
+    return (
         f"{r0['model']} on a CPU: {r0['num_requests'] or '?'} chat requests (prompt "
         f"{r0['prompt_tokens'] / max(1, r0['num_requests'] or 1):.0f} tokens on average, max_tokens "
         f"{r0['output_lens'][0]}-{r0['output_lens'][1]}), all queued at t=0, greedy, batch {r0['batch']}, "
         f"best of {r0['repeats']} rounds"
     )
-    table = Table(title=title, padding=(0, 1))
-    table.add_column("system", no_wrap=True)
-    columns = ("tok/s", "slowest", "TTFT s", "lat. s", "steps", "ms/step", "seats", "model", "threads")
-    for col in (*columns, "same", "cont.÷"):
-        table.add_column(col, justify="right", min_width=len(col))
-    for r in rows:
-        speeds = [speed(r[k]) for k in ("tokens_per_s", "tokens_per_s_worst")]
-        same = None if r["requests_differing_from_hf"] is None else r["num_requests"] - r["requests_differing_from_hf"]
-        table.add_row(
-            r["system"] + (" (error)" if r["error"] else ""),
-            *speeds,
-            dash(r["ttft_s"], ".2f"),
-            dash(r["latency_s"], ".1f"),
-            dash(r["steps"], "d"),
-            dash(r["step_ms"], ".0f"),
-            dash(r["seat_use"], ".0%"),
-            dash(r["forward_share"], ".0%"),
-            dash(r["threads"], "d"),
-            "-" if same is None else f"{same}/{r['num_requests']}",
-            dash(r["continuous_vs_this"], ".2f"),
-        )
-    table.caption = (
-        "tok/s: output tokens per second of the fastest run (roofline: batch ÷ its matmul-only step); slowest: the "
-        "slowest run; lat.: mean latency; seats: output "
-        "tokens ÷ (steps x batch); model: share of step time in forward + sampling; same: requests whose tokens equal "
-        "hf-generate's; cont.÷: pagedlab-continuous's tok/s ÷ this row's"
-    )
-    return table
+
+
+def _same(r: dict) -> str:
+    differing = r["requests_differing_from_hf"]
+    return "–" if differing is None else f"{r['num_requests'] - differing}/{r['num_requests']}"
+
+
+TABLES = {
+    "systems": Table(
+        (
+            left("system", lambda r: r["system"]),
+            Column("tokens/s", lambda r: f"{r['tokens_per_s']:.1f}"),
+            Column("slowest run", lambda r: f"{r['tokens_per_s_worst']:.1f}"),
+            Column("time to first token", lambda r: cell(r["ttft_s"], "{:.1f} s")),
+            Column("steps", lambda r: cell(r["steps"], "{}")),
+            Column("time per step", lambda r: cell(r["step_ms"], "{:.0f} ms")),
+            Column("decode step", lambda r: cell(r["decode_step_ms"], "{:.0f} ms")),
+            Column("seats busy", lambda r: cell(r["seat_use"] and 100 * r["seat_use"], "{:.0f}%")),
+            Column("continuous ÷ this", lambda r: f"{r['continuous_vs_this']:.2f}×"),
+        ),
+        title=_title,
+        caption="tokens/s: output tokens per second of the fastest run (roofline: batch ÷ its matmul-only step); "
+        "seats busy: output tokens ÷ (steps x batch)",
+    ),
+    "detail": Table(
+        (
+            left("system", lambda r: r["system"] + (" (error)" if r["error"] else "")),
+            Column("latency", lambda r: cell(r["latency_s"], "{:.1f} s")),
+            Column("model", lambda r: cell(r["forward_share"] and 100 * r["forward_share"], "{:.0f}%")),
+            Column("threads", lambda r: cell(r["threads"], "{}")),
+            Column("same tokens as hf-generate", _same),
+        ),
+        title="The same runs: mean latency, the model's share of step time, torch threads, the same work",
+    ),
+}
+
+
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return TABLES
+
+
+def report(console, rows: list[dict]) -> None:
+    for table in TABLES.values():
+        console.print(table.rich(rows))
+    for line in target_lines(rows):
+        console.print(line)
 
 
 def target_lines(rows: list[dict]) -> list[str]:
@@ -188,13 +194,7 @@ def same_tokens_line(rows: list[dict]) -> str:
     )
 
 
-def save_real_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    from pagedlab import viz
-
-    return viz.save_figure(plot_real(rows), Path(figures_dir) / "07_real.png")
-
-
-def plot_real(rows: list[dict]) -> Figure:
+def draw_real(rows: list[dict]) -> Figure:
     """One bar per system (its fastest run, a line down to its slowest), the roofline and its target as lines."""
     from pagedlab import viz
 

@@ -1,6 +1,7 @@
 """Benchmarks: the systems of `pagedlab bench real`, each serving the whole stream once per call.
 
-Builds on: bench/real.py (the stream and what a run reports), llm.py, Hugging Face transformers 5.x.
+Builds on: bench/runs.py (a stream's request, a run, serving on an engine and with `generate`), llm.py,
+Hugging Face transformers 5.x.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/07-real-model.md.
 
 pagedlab-continuous and pagedlab-static are one engine each, kept across runs
@@ -34,13 +35,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-import statistics
 import time
 
-from pagedlab.bench.hf_generate import generate_padded
-from pagedlab.bench.real import ENGINE_STAGES, ROOFLINE_STEPS, ChatRequest, Run
+from pagedlab.bench.runs import BenchRequest, Run, eos_ids, load_hf_model
 from pagedlab.errors import InvariantError, check
+from pagedlab.model.loader import resolve_model_path
+
+ENGINE_STAGES = {"pagedlab-continuous": "continuous", "pagedlab-static": "prefix"}  # the engines, by system name
+ROOFLINE_STEPS = 5  # decode steps of matmuls timed per round
 
 
 def engine_llm(model: str, system: str, **engine_args):
@@ -51,119 +53,11 @@ def engine_llm(model: str, system: str, **engine_args):
     return LLM(model, stage=ENGINE_STAGES[system], attention_backend="tiled", **engine_args)
 
 
-def serve_engine(llm, stream: list[ChatRequest]) -> Run:
-    """The whole stream on a pagedlab engine with an empty prefix cache, every request queued at once."""
-    import torch
-
-    from pagedlab.sampling_params import SamplingParams
-
-    if not llm.reset_prefix_cache():
-        raise InvariantError("an engine between runs still holds blocks")
-    params = [SamplingParams(max_tokens=r.max_tokens, temperature=0.0) for r in stream]
-    stats = llm.engine.stats
-    before = stats_of(stats)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    outputs = llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in stream], params, use_tqdm=False)
-    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    steps, step_s, forward_s = (now - then for now, then in zip(stats_of(stats), before))
-    metrics = [o.metrics for o in outputs]
-    trace = list(llm.engine.trace)[-steps:]
-    decode_step_s, prefill_s = step_profile(trace, min(m["arrival_time"] for m in metrics), llm.engine.config)
-    return Run(
-        [list(o.outputs[0].token_ids) for o in outputs],
-        [m["first_token_time"] - m["arrival_time"] for m in metrics],
-        [m["finished_time"] - m["arrival_time"] for m in metrics],
-        wall_s,
-        cpu_s,
-        steps,
-        torch.get_num_threads(),
-        forward_s / step_s,
-        decode_step_s,
-        prefill_s,
-    )
-
-
-def stats_of(stats) -> tuple[int, float, float]:
-    return stats.num_steps, stats.step_seconds, stats.forward_seconds
-
-
-def step_profile(trace: list, queued_at: float, config) -> tuple[float | None, float]:
-    """(the median time of a step that decoded max_num_seqs requests and prefilled none, the time of the steps
-    that fed prompt tokens), from a run's trace: a step lasts from the end of the one before (the first: from
-    the queueing)."""
-    ends = [step.time for step in trace]
-    durations = [end - start for start, end in zip([queued_at, *ends], ends)]
-    full = [d for step, d in zip(trace, durations) if not step.prefills and len(step.scheduled) == config.max_num_seqs]
-    prefill_s = sum(d for step, d in zip(trace, durations) if step.prefills)
-    return (statistics.median(full) if full else None), prefill_s
-
-
-def load_hf_model(model: str):
-    """The model folder as transformers' AutoModelForCausalLM, float32, eval, offline."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging
-
-    from pagedlab.model.loader import resolve_model_path
-
-    logging.disable_progress_bar()  # its "Loading weights" bar would interleave with the bench's own lines
-    try:
-        return AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype="float32").eval()
-    finally:
-        logging.enable_progress_bar()
-
-
-def eos_ids(hf_model) -> list[int]:
-    eos = hf_model.generation_config.eos_token_id
-    eos = hf_model.config.eos_token_id if eos is None else eos
-    return [eos] if isinstance(eos, int) else list(eos)
-
-
-def own_output(row: list[int], max_tokens: int, eos: list[int]) -> list[int]:
-    """A padded row's own tokens: up to its max_tokens, and up to and including its first EOS."""
-    row = row[:max_tokens]
-    ends = [i for i, t in enumerate(row) if t in eos]
-    return row[: ends[0] + 1] if ends else row
-
-
-def hf_generate_job(model: str, stream: list[ChatRequest], batch_size: int):
-    """serve_hf_generate on the whole stream as a call of no arguments (model loaded, warmed up)."""
-    hf_model = load_hf_model(model)
-    serve_hf_generate(hf_model, stream[:2], 2)  # torch's first calls
-    return functools.partial(serve_hf_generate, hf_model, stream, batch_size)
-
-
-def serve_hf_generate(hf_model, stream: list[ChatRequest], batch_size: int) -> Run:
-    """Static padded batches of `batch_size` in stream order; a request's first token and its last are the ends of
-    its batch's first generate step and of the step that produced its last own token."""
-    import torch
-
-    eos = eos_ids(hf_model)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    tokens, first, latency, steps, prefill_s, decode_s = [], [], [], 0, 0.0, []
-    for i in range(0, len(stream), batch_size):
-        batch, batch_start = stream[i : i + batch_size], time.perf_counter()
-        prompts, longest = [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch)
-        rows, step_times = generate_padded(hf_model, prompts, longest, eos_token_id=eos, pad_token_id=eos[0])
-        rows = rows.tolist()
-        for row, r in zip(rows, batch):
-            tokens.append(own_output(row, r.max_tokens, eos))
-            first.append(step_times[0] - start)
-            latency.append(step_times[len(tokens[-1]) - 1] - start)
-        steps += len(step_times)
-        prefill_s += step_times[0] - batch_start  # the prompts, and every row's first token
-        if len(batch) == batch_size:  # a full batch: every row is computed at every step, ended or not
-            decode_s += [end - begin for begin, end in zip(step_times, step_times[1:])]
-    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    decode_step_s = statistics.median(decode_s) if decode_s else None
-    return Run(tokens, first, latency, wall_s, cpu_s, steps, torch.get_num_threads(), None, decode_step_s, prefill_s)
-
-
-def hf_batch_job(model: str, stream: list[ChatRequest], max_num_seqs: int, max_batch_tokens: int):
+def hf_batch_job(model: str, stream: list[BenchRequest], max_num_seqs: int, max_batch_tokens: int):
     """serve_hf_batch on the whole stream as a call of no arguments (its own model instance, warmed up)."""
     import torch
 
-    hf_model = load_hf_model(model)
+    hf_model = load_hf_model(resolve_model_path(model))
     threads = torch.get_num_threads()
     seen: list[int] = []  # torch threads each forward of the generation thread ran with
 
@@ -178,7 +72,7 @@ def hf_batch_job(model: str, stream: list[ChatRequest], max_num_seqs: int, max_b
     return functools.partial(serve, stream, seen=seen)
 
 
-def serve_hf_batch(hf_model, stream: list[ChatRequest], *, max_num_seqs, max_batch_tokens, seen) -> Run:
+def serve_hf_batch(hf_model, stream: list[BenchRequest], *, max_num_seqs, max_batch_tokens, seen) -> Run:
     """The stream through transformers' continuous batching, every request queued at once; a failure is the run's
     `error`, not an exception (the bench goes on without it)."""
     try:
@@ -187,7 +81,7 @@ def serve_hf_batch(hf_model, stream: list[ChatRequest], *, max_num_seqs, max_bat
         return Run([], [], [], math.nan, math.nan, None, None, error=f"{type(e).__name__}: {e}")
 
 
-def _serve_hf_batch(hf_model, stream: list[ChatRequest], max_num_seqs: int, max_batch_tokens: int, seen) -> Run:
+def _serve_hf_batch(hf_model, stream: list[BenchRequest], max_num_seqs: int, max_batch_tokens: int, seen) -> Run:
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     eos = eos_ids(hf_model)

@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
+from pagedlab.bench.tables import Column, Table
 from pagedlab.config import cdiv
 from pagedlab.errors import check
 from pagedlab.request import Request
@@ -124,33 +125,36 @@ def scheduler_rows(running=RUNNING, steps: int = STEPS) -> list[dict]:
     return [scheduler_row(n, time_decode_steps(n, steps)) for n in running]
 
 
-def run_scheduler(console, *, figure: bool = True, running=RUNNING, steps: int = STEPS) -> dict:
-    """The `scheduler` bench: rows and a table on `console` (it draws no figure)."""
-    start = time.perf_counter()
+def measure_scheduler(console, running=RUNNING, steps: int = STEPS) -> list[dict]:
     console.print(f"[dim]scheduler: stage {STAGE}, fake model, {steps} decode steps per size …[/dim]")
-    rows = scheduler_rows(running, steps)
-    console.print(scheduler_table(rows))
-    console.print(f"[dim]scheduler: {time.perf_counter() - start:.1f} s[/dim]")
-    return {"bench": "scheduler", "rows": rows}
+    return scheduler_rows(running, steps)
 
 
-def scheduler_table(rows: list[dict]) -> Table:
-    from rich.table import Table
-
+def _title(rows: list[dict]) -> str:
     r0 = rows[0]
-    title = (
+    return (
         f"Stage-{r0['stage']} scheduler: schedule() + update() per decode step, fake model "
         f"(medians of {r0['steps']} steps; block {r0['block_size']}, prompts of {r0['prompt_len']} tokens)"
     )
-    table = Table(title=title)
-    for col in ("running", "µs / step", "µs / request", "schedule()", "update()"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r["running"]),
-            f"{r['us_per_step']:.0f}",
-            f"{r['us_per_request']:.2f}",
-            f"{r['us_schedule']:.0f} µs",
-            f"{r['us_update']:.0f} µs",
-        )
-    return table
+
+
+TABLES = {
+    "sizes": Table(
+        (
+            Column("running", lambda r: str(r["running"])),
+            Column("µs / step", lambda r: f"{r['us_per_step']:.0f}"),
+            Column("µs / request", lambda r: f"{r['us_per_request']:.2f}"),
+            Column("schedule()", lambda r: f"{r['us_schedule']:.0f} µs"),
+            Column("update()", lambda r: f"{r['us_update']:.0f} µs"),
+        ),
+        title=_title,
+    ),
+}
+
+
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return TABLES
+
+
+def report(console, rows: list[dict]) -> None:
+    console.print(TABLES["sizes"].rich(rows))

@@ -26,9 +26,8 @@ import asyncio
 import random
 import statistics
 import time
-from pathlib import Path
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm, torch_threads, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids, timing_llm
 from pagedlab.bench.rounds import round_robin
 from pagedlab.bench.workloads import sample_requests
 
@@ -134,63 +133,3 @@ def serve_rows(console, rates=RATES, num_requests: int = NUM_REQUESTS, repeats: 
         best = min(runs, key=lambda r: r["normalized_latency_s"])
         rows.append(dict(best, runs=len(runs)))
     return rows
-
-
-def serve_table(rows: list[dict]):
-    from rich.table import Table
-
-    table = Table(title="pagedlab serve under Poisson load (127.0.0.1, the bundled model, CPU)")
-    for name in ("system", "req/s in", "tokens/s", "normalized latency", "TTFT p50 / p99", "ITL p50 / p99"):
-        table.add_column(name, justify="right")
-    for r in rows:
-        latency = f"{r['normalized_latency_s'] * 1e3:.1f} ms"
-        ttft = f"{r['ttft_p50_s'] * 1e3:.0f} / {r['ttft_p99_s'] * 1e3:.0f} ms"
-        itl = f"{r['itl_p50_s'] * 1e3:.1f} / {r['itl_p99_s'] * 1e3:.1f} ms"
-        table.add_row(r["system"], f"{r['request_rate']:g}", f"{r['tokens_per_s']:.0f}", latency, ttft, itl)
-    return table
-
-
-def save_serve_figure(rows: list[dict], figures_dir: str | Path = "figures") -> Path:
-    """Normalized latency and TTFT p50 against the request rate, static vs continuous (the paper's Figure 12)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pagedlab.viz.palette import RESERVED, USED, save_figure
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    rates = sorted({r["request_rate"] for r in rows})
-    for system, marker, colour in (("static (stage 4)", "s", RESERVED), ("continuous (stage 5)", "o", USED)):
-        mine = sorted((r for r in rows if system.startswith(r["system"])), key=lambda r: r["request_rate"])
-        x = [r["request_rate"] for r in mine]
-        left.plot(x, [r["normalized_latency_s"] * 1e3 for r in mine], marker=marker, color=colour, label=system)
-        right.plot(x, [r["ttft_p50_s"] * 1e3 for r in mine], marker=marker, color=colour, label=system)
-    for ax, label in ((left, "normalized latency (ms per output token)"), (right, "time to first token, p50 (ms)")):
-        ax.set_xscale("log")
-        ax.set_xticks(rates, [f"{r:g}" for r in rates])
-        ax.minorticks_off()
-        ax.set_xlabel("request rate (requests/s, Poisson)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("pagedlab serve on 127.0.0.1 under Poisson load: static vs continuous batching")
-    return save_figure(fig, Path(figures_dir) / "08_serve.png")
-
-
-def run_serve(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
-    """The `serve` bench: rows, the table on `console`, and figures/08_serve.png + .json. Torch: one thread."""
-    start = time.perf_counter()
-    rates, repeats = options.get("rates", RATES), options.get("repeats", REPEATS)
-    num = options.get("num_requests", NUM_REQUESTS)
-    console.print(f"serve: {len(SYSTEMS)} systems x {len(rates)} rates x {repeats} rounds, {num} requests each")
-    with torch_threads(1):
-        rows = serve_rows(console, **options)
-    console.print(serve_table(rows))
-    console.print(f"[dim]{PAPER}[/dim]")
-    result = {"bench": "serve", "rows": rows}
-    if figure:
-        png = save_serve_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]serve: {time.perf_counter() - start:.1f} s[/dim]")
-    return result

@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import corpus_token_ids, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids
 from pagedlab.bench.workloads import RequestSpec, corpus_prompts, sample_requests
 from pagedlab.errors import check
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
@@ -198,32 +197,13 @@ def sharing_rows(
     return [sharing_row(m, w, workload, specs, prompts, seed=seed, **options) for m in modes for w in widths]
 
 
-def run_sharing(
-    console,
-    *,
-    figure: bool = True,
-    figures_dir: str | Path = "figures",
-    streams: dict[str, Stream] | None = None,
-    widths=WIDTHS,
-    block_size: int = BLOCK_SIZE,
-    max_num_seqs: int = MAX_NUM_SEQS,
-    seed: int = SEED,
-) -> dict:
-    """The `sharing` bench: rows for both workloads, a table on `console`, figures/03_sharing.png + .json."""
-    from pagedlab.bench.sharing_report import save_sharing_figure, sharing_table
-
-    start = time.perf_counter()
-    corpus_ids = corpus_token_ids()
-    rows = []
+def measure_sharing(console, streams: dict[str, Stream] | None = None, widths=WIDTHS, block_size: int = BLOCK_SIZE,
+                    max_num_seqs: int = MAX_NUM_SEQS, seed: int = SEED) -> list[dict]:  # fmt: skip
+    """Both workloads' streams, every mode and width: the bench's rows."""
+    corpus_ids, rows = corpus_token_ids(), []
     for workload, stream in (streams or STREAMS).items():
         console.print(
             f"[dim]sharing: {workload}, {stream.num_requests} requests, max_model_len {stream.max_model_len} …[/dim]"
         )
         rows += sharing_rows(workload, stream, corpus_ids, widths, MODES, block_size, max_num_seqs, seed)
-    console.print(sharing_table(rows))
-    result = {"bench": "sharing", "rows": rows}
-    if figure:
-        png = save_sharing_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]sharing: {time.perf_counter() - start:.1f} s[/dim]")
-    return result
+    return rows

@@ -3,40 +3,72 @@
 Builds on: bench/sharing.py (the rows and its modes), rich, matplotlib through viz.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/03-copy-on-write.md.
 
-    sharing_table   one line per (workload, mode, width): blocks saved, the paper's beside ours
-    03_sharing.png  grouped bars like the paper's Fig. 15, one panel per mode (parallel sampling, beam search)
+    tables()["runs"]   one line per (workload, mode, width): blocks saved, the paper's beside ours, the run's size
+    tables()["saved"]  one line per (mode, width): each workload's saving beside the paper's (chapter 3's)
+    draw_sharing       grouped bars like the paper's Fig. 15, one panel per mode (parallel sampling, beam search)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.sharing import MODES
+from pagedlab.bench.tables import Column, Table, left, pct
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.table import Table
+
+WORKLOADS = {"sharegpt": "ShareGPT-like", "alpaca": "Alpaca-like"}
 
 
-def sharing_table(rows: list[dict]) -> Table:
-    """A rich table of the rows, the paper's saving beside ours."""
-    from rich.table import Table
+def _saved_lines(rows: list[dict]) -> list[dict]:
+    """One line per (mode, width): each workload's saving and the paper's."""
+    by = {(r["workload"], r["mode"], r["width"]): r for r in rows}
+    lines = []
+    for mode, width in dict.fromkeys((r["mode"], r["width"]) for r in rows):
+        line = {"mode": mode, "width": width}
+        for w in dict.fromkeys(r["workload"] for r in rows):
+            line |= {f"{w} saved": by[(w, mode, width)]["saved"], f"{w} paper": by[(w, mode, width)]["paper_saved"]}
+        lines.append(line)
+    return lines
 
-    table = Table(
-        title="KV blocks saved by sharing (vLLM paper Fig. 15): saved = 1 - Σ used / Σ needed over all steps",
-        caption=_caption(rows),
-    )
-    columns = ("workload", "mode", "width", "requests", "in / out", "max len", "block", "steps", "saved", "paper")
-    for col in (*columns, "time"):
-        table.add_column(col, justify="left" if col in ("workload", "mode") else "right")
-    pct = lambda x: "-" if x is None else f"{100 * x:.1f} %"
-    for r in rows:
-        lens = f"{r['mean_prompt_len']:.0f} / {r['mean_output_len']:.0f}"
-        cells = [r["workload"], r["mode"], str(r["width"]), str(r["num_requests"]), lens, str(r["max_model_len"])]
-        cells += [str(r["block_size"]), str(r["steps"]), pct(r["saved"]), pct(r["paper_saved"])]
-        table.add_row(*cells, f"{r['seconds']:.1f} s")
-    return table
+
+def _saved_table(rows: list[dict]) -> Table:
+    columns = [left("mode", lambda r: "parallel sampling" if r["mode"] == "parallel" else "beam search"),
+               Column("width", lambda r: str(r["width"]))]  # fmt: skip
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        columns.append(Column(f"{WORKLOADS[w]}: saved", lambda r, w=w: pct(r[f"{w} saved"])))
+        columns.append(Column(f"{WORKLOADS[w]}: paper", lambda r, w=w: pct(r[f"{w} paper"])))
+    title = "KV blocks saved by sharing (vLLM paper Fig. 15), ours beside the paper's"
+    return Table(tuple(columns), _saved_lines, title)
+
+
+RUNS = Table(
+    (
+        left("workload", lambda r: r["workload"]),
+        left("mode", lambda r: r["mode"]),
+        Column("width", lambda r: str(r["width"])),
+        Column("requests", lambda r: str(r["num_requests"])),
+        Column("in / out", lambda r: f"{r['mean_prompt_len']:.0f} / {r['mean_output_len']:.0f}"),
+        Column("max len", lambda r: str(r["max_model_len"])),
+        Column("block", lambda r: str(r["block_size"])),
+        Column("steps", lambda r: str(r["steps"])),
+        Column("saved", lambda r: pct(r["saved"])),
+        Column("paper", lambda r: pct(r["paper_saved"])),
+        Column("time", lambda r: f"{r['seconds']:.1f} s"),
+    ),
+    title="KV blocks saved by sharing: saved = 1 - Σ used / Σ needed over all steps",
+)
+
+
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return {"saved": _saved_table(rows), "runs": RUNS}
+
+
+def report(console, rows: list[dict]) -> None:
+    console.print(RUNS.rich(rows))
+    console.print(_caption(rows))
+    console.print(_saved_table(rows).rich(rows))
 
 
 def _caption(rows: list[dict]) -> str:
@@ -50,13 +82,7 @@ def _caption(rows: list[dict]) -> str:
     )
 
 
-def save_sharing_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    from pagedlab import viz
-
-    return viz.save_figure(plot_sharing(rows), Path(figures_dir) / "03_sharing.png")
-
-
-def plot_sharing(rows: list[dict]) -> Figure:
+def draw_sharing(rows: list[dict]) -> Figure:
     """Grouped bars like the paper's Fig. 15: saved (%) per width, ours beside the paper's, one panel per mode."""
     from matplotlib.patches import Patch
 

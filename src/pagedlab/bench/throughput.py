@@ -1,7 +1,7 @@
 """Benchmarks: `pagedlab bench throughput`, continuous vs static batching on the bundled model.
 
-Builds on: llm.py (stage 4 `prefix`: static batching; stage 5 `continuous`), bench/workloads.py, and Hugging Face
-transformers when it is installed (the `hf-generate` baseline, bench/hf_generate.py).
+Builds on: llm.py (stage 4 `prefix`: static batching; stage 5 `continuous`), bench/workloads.py, bench/runs.py
+(serving a stream; Hugging Face transformers when it is installed, the `hf-generate` baseline).
 Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
 One seeded ShareGPT-like stream, every request queued at t=0, greedy, output
@@ -41,7 +41,8 @@ end), which is why it is reported rather than paid: it is what the tiles save.
 
 Lengths are the paper's ShareGPT shape (max_model_len 2048) scaled by 1/4 so
 that the bench runs in about two minutes on two CPU cores; torch runs on one thread.
-Tables and figure: bench/throughput_report.py; latency by priority class: bench/priority.py.
+Serving a stream: bench/runs.py. Tables and figure: bench/throughput_report.py; latency by priority class:
+bench/priority.py.
 """
 
 from __future__ import annotations
@@ -49,15 +50,13 @@ from __future__ import annotations
 import functools
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm, torch_threads, write_rows_beside, wrote_line
+from pagedlab.bench.common import corpus_token_ids, timing_llm
 from pagedlab.bench.rounds import round_robin, spread
+from pagedlab.bench.runs import BenchRequest, Run, best_run, hf_available, hf_generate_job, serve_engine
 from pagedlab.bench.workloads import sample_requests
 from pagedlab.errors import InvariantError
-from pagedlab.sampling_params import SamplingParams
 
 WORKLOAD = "sharegpt"
 NUM_REQUESTS = 128  # long enough that the end of the stream (a few requests left running alone) weighs little
@@ -97,30 +96,6 @@ ENGINE_SYSTEMS = (
 HF_SYSTEM = "hf-generate"
 
 
-@dataclass(frozen=True, slots=True)
-class StreamRequest:
-    """One request of the stream, with concrete prompt tokens."""
-
-    prompt_token_ids: tuple[int, ...]  # <bos>, then a seeded cut of the corpus
-    output_len: int  # output tokens to generate (enforced with ignore_eos), >= 1
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """What one system did with the stream; times in seconds since the stream was queued."""
-
-    token_ids: list[list[int]]  # each request's output tokens, in stream order
-    first_token_s: list[float]  # per request: first token time - arrival time
-    latency_s: list[float]  # per request: finished time - arrival time
-    total_s: float  # wall time from queueing the stream to the end of its last request
-    cpu_s: float  # CPU time of this process meanwhile (all its threads)
-    steps: int  # forward passes that produced tokens (engine steps, or generate steps summed over batches)
-    preemptions: int | None  # requests preempted (None: the system has no such notion)
-    forward_share: float | None  # share of step time inside the model's forward and sampling (engines only)
-    num_kv_blocks: int | None  # the KV pool it ran with (None: Hugging Face's own cache)
-    decode_context: int  # context slots a padded decode attention would read: decode rows x longest context
-
-
 def make_stream(tokenizer, num_requests: int = NUM_REQUESTS, length_scale: float = LENGTH_SCALE, seed: int = 0):
     """Seeded ShareGPT-like lengths, scaled by `length_scale`, with prompts cut from the corpus after a <bos>."""
     specs = sample_requests(WORKLOAD, num_requests, seed=seed, max_model_len=PAPER_MAX_MODEL_LEN)
@@ -129,83 +104,56 @@ def make_stream(tokenizer, num_requests: int = NUM_REQUESTS, length_scale: float
     for spec in specs:
         prompt_len, output_len = (max(1, round(n * length_scale)) for n in (spec.prompt_len, spec.output_len))
         start = rng.randrange(1, len(corpus) - prompt_len)
-        stream.append(StreamRequest((corpus[0], *corpus[start : start + prompt_len - 1]), output_len))
+        stream.append(BenchRequest((corpus[0], *corpus[start : start + prompt_len - 1]), output_len))
     return stream
 
 
 POOL_FILL = 0.5  # the KV pool holds this share of what max_num_seqs average requests finally need
 
 
-def pool_blocks(stream: list[StreamRequest], max_num_seqs: int, block_size: int, fill: float = POOL_FILL) -> int:
+def pool_blocks(stream: list[BenchRequest], max_num_seqs: int, block_size: int, fill: float = POOL_FILL) -> int:
     """The paper's regime: KV memory, not max_num_seqs, bounds the batch.
 
     Static admission must reserve each request's final length up front, so it admits about
     max_num_seqs x fill requests; continuous batching allocates as tokens arrive and runs more at once,
     preempting when the pool runs dry. The pool always holds at least the longest request.
     """
-    mean = sum(-(-(len(r.prompt_token_ids) + r.output_len) // block_size) for r in stream) / len(stream)
+    mean = sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in stream) / len(stream)
     return max(_blocks_of_longest(stream, block_size), int(max_num_seqs * mean * fill))
 
 
-def _blocks_of_longest(stream: list[StreamRequest], block_size: int) -> int:
-    return -(-max(len(r.prompt_token_ids) + r.output_len for r in stream) // block_size)
+def _blocks_of_longest(stream: list[BenchRequest], block_size: int) -> int:
+    return -(-max(len(r.prompt_token_ids) + r.max_tokens for r in stream) // block_size)
 
 
-def serve_engine(system: EngineSystem, stream: list[StreamRequest], num_kv_blocks: int, **engine_args) -> Served:
-    """Serve the stream with a fresh pagedlab engine (an empty prefix cache), all requests queued at once."""
+def serve_fresh(system: EngineSystem, stream: list[BenchRequest], num_kv_blocks: int, **engine_args) -> Run:
+    """The stream on a fresh engine of `system` (an empty prefix cache), every request queued at once."""
     args = {"num_kv_blocks": num_kv_blocks, "record_trace": True, **engine_args, **system.engine_args}
-    llm = timing_llm(system.stage, **args)
-    params = [SamplingParams(max_tokens=r.output_len, temperature=0.0, ignore_eos=True) for r in stream]
-    start, cpu_start = time.perf_counter(), time.process_time()
-    outputs = llm.generate([list(r.prompt_token_ids) for r in stream], params, use_tqdm=False)
-    total_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
-    times = [o.metrics for o in outputs]
-    stats = llm.engine.stats
-    return Served(
-        [o.outputs[0].token_ids for o in outputs],
-        [m["first_token_time"] - m["arrival_time"] for m in times],
-        [m["finished_time"] - m["arrival_time"] for m in times],
-        total_s,
-        cpu_s,
-        stats.num_steps,
-        stats.num_preemptions,
-        stats.forward_seconds / stats.step_seconds,
-        num_kv_blocks,
-        _decode_context(llm.engine.trace),
-    )
+    return serve_engine(timing_llm(system.stage, **args), stream, ignore_eos=True)
 
 
-def _decode_context(trace) -> int:
-    """Context slots a decode attention that padded every row of a step to its longest context would read."""
-    total = 0
-    for step in trace:
-        num_decodes = sum(1 for n in step.scheduled.values() if n == 1)
-        total += num_decodes * max(step.kv_used[r] for r in step.scheduled)
-    return total
-
-
-def needed_context(stream: list[StreamRequest]) -> int:
+def needed_context(stream: list[BenchRequest]) -> int:
     """Context slots the stream's decodes need: feeding back output token j (1 .. o - 1) of a p-token prompt
     reads p + j slots (the first output token comes with the prefill)."""
-    return sum((r.output_len - 1) * len(r.prompt_token_ids) + (r.output_len - 1) * r.output_len // 2 for r in stream)
+    return sum((r.max_tokens - 1) * len(r.prompt_token_ids) + (r.max_tokens - 1) * r.max_tokens // 2 for r in stream)
 
 
-def throughput_row(system: str, stream: list[StreamRequest], runs: list[Served], **extras) -> dict:
+def throughput_row(system: str, stream: list[BenchRequest], runs: list[Run], **extras) -> dict:
     """One flat row of the bench's JSON from a system's runs (the row fields of chapters/97-architecture.md first,
     then extras): times from its fastest run, CPU time from its least, tokens/s best, median and worst."""
-    served, out_lens = best_run(system, runs), [r.output_len for r in stream]
+    served, out_lens = best_run(system, runs), [r.max_tokens for r in stream]
     got = [len(t) for t in served.token_ids]
     if got != out_lens:
         raise InvariantError(f"{system}: output lengths {got} differ from the stream's {out_lens}")
     output_tokens = sum(out_lens)
     row = {"system": system, "workload": WORKLOAD, "num_requests": len(stream), "num_kv_blocks": served.num_kv_blocks}
-    row |= {"tokens_per_s": output_tokens / served.total_s, "requests_per_s": len(stream) / served.total_s}
+    row |= {"tokens_per_s": output_tokens / served.wall_s, "requests_per_s": len(stream) / served.wall_s}
     row["normalized_latency_s"] = statistics.fmean(lat / n for lat, n in zip(served.latency_s, out_lens))
     row |= {"ttft_s": statistics.fmean(served.first_token_s), "preemptions": served.preemptions}
-    row |= {"total_s": served.total_s, "latency_s": statistics.fmean(served.latency_s), "steps": served.steps}
+    row |= {"total_s": served.wall_s, "latency_s": statistics.fmean(served.latency_s), "steps": served.steps}
     row |= {"output_tokens": output_tokens, "prompt_tokens": sum(len(r.prompt_token_ids) for r in stream)}
     row |= {"tokens_per_step": output_tokens / served.steps, "forward_share": served.forward_share}
-    row |= spread([output_tokens / run.total_s for run in runs], "tokens_per_s")
+    row |= spread([output_tokens / run.wall_s for run in runs], "tokens_per_s")
     row |= spread([output_tokens / run.cpu_s for run in runs], "tokens_per_cpu_s")
     row |= {"cpu_s": min(run.cpu_s for run in runs), "runs": len(runs)}
     needed = needed_context(stream)
@@ -213,14 +161,7 @@ def throughput_row(system: str, stream: list[StreamRequest], runs: list[Served],
     return row | extras
 
 
-def best_run(system: str, runs: list[Served]) -> Served:
-    """The fastest of a system's runs; identical runs must have produced identical tokens in as many steps."""
-    if any(run.token_ids != runs[0].token_ids or run.steps != runs[0].steps for run in runs):
-        raise InvariantError(f"{system}: tokens or steps changed between identical runs")
-    return min(runs, key=lambda run: run.total_s)
-
-
-def add_comparisons(rows: list[dict], served: dict[str, Served]) -> None:
+def add_comparisons(rows: list[dict], served: dict[str, Run]) -> None:
     """Each row's tokens/s ÷ static's and ÷ hf-generate's, and how many of its requests match static's tokens."""
     by = {r["system"]: r for r in rows}
     for row in rows:
@@ -256,11 +197,11 @@ def throughput_rows(
 
 def system_jobs(
     num_requests: int, length_scale: float, max_num_seqs: int, block_size: int, seed: int, systems: tuple | None
-) -> tuple[dict, dict, list[StreamRequest], dict]:
+) -> tuple[dict, dict, list[BenchRequest], dict]:
     """(name -> a call that serves the whole stream once, name -> the row's extra fields, the stream, the config),
     the systems in ENGINE_SYSTEMS order, then hf-generate; torch warmed up."""
-    from pagedlab.bench.hf_generate import hf_job
     from pagedlab.llm import LLM
+    from pagedlab.model.loader import bundled_model_path
     from pagedlab.stages import parse_stage
 
     wanted = systems or (*(s.name for s in ENGINE_SYSTEMS), HF_SYSTEM)
@@ -272,41 +213,10 @@ def system_jobs(
     jobs, extras = {}, {}
     for system in (s for s in ENGINE_SYSTEMS if s.name in wanted):
         pool = max(longest, int(blocks * system.pool_share))
-        jobs[system.name] = functools.partial(serve_engine, system, stream, pool, **config)
+        jobs[system.name] = functools.partial(serve_fresh, system, stream, pool, **config)
         mode = system.engine_args.get("preemption_mode")
         extras[system.name] = {"stage": parse_stage(system.stage), "preemption_mode": mode}
-    if HF_SYSTEM in wanted and (job := hf_job(stream, max_num_seqs)):
-        jobs[HF_SYSTEM], extras[HF_SYSTEM] = job, {"stage": None, "preemption_mode": None}
+    if HF_SYSTEM in wanted and hf_available():
+        jobs[HF_SYSTEM] = hf_generate_job(bundled_model_path(), stream, max_num_seqs, ignore_eos=True)
+        extras[HF_SYSTEM] = {"stage": None, "preemption_mode": None}
     return jobs, extras, stream, config
-
-
-def run_throughput(console, *, figure: bool = True, figures_dir: str | Path = "figures", **options) -> dict:
-    """The `throughput` bench: rows, tables on `console`, and figures/05_throughput.png + .json. Torch: one thread."""
-    from pagedlab.bench.priority import priority_section
-    from pagedlab.bench.throughput_report import (
-        ratios_table,
-        save_throughput_figure,
-        start_line,
-        steps_table,
-        target_line,
-        throughput_table,
-    )
-
-    start = time.perf_counter()
-    show_priority = options.pop("priority_table", True)
-    console.print(start_line(options))
-    with torch_threads(TORCH_THREADS):
-        rows = throughput_rows(console, **options)
-    console.print(throughput_table(rows))
-    console.print(steps_table(rows))
-    console.print(ratios_table(rows))
-    console.print(target_line(rows))
-    if show_priority:
-        console.print(priority_section(rows[0]))
-    console.print(f"[dim]{PAPER}[/dim]")
-    result = {"bench": "throughput", "rows": rows}
-    if figure:
-        png = save_throughput_figure(rows, figures_dir)
-        console.print(wrote_line(png, write_rows_beside(result, png, time.perf_counter() - start)))
-    console.print(f"[dim]throughput: {time.perf_counter() - start:.1f} s[/dim]")
-    return result

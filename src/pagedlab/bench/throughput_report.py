@@ -3,27 +3,28 @@
 Builds on: bench/throughput.py (the rows, its system names and target), rich, matplotlib through viz.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/05-continuous-batching.md.
 
-One line is printed before the runs (start_line: what runs, and roughly how long it takes), four
-things after them, and one figure is written:
+One line is printed before the runs (start_line: what runs, and roughly how long it takes), then
+its tables and lines, and one figure is drawn:
 
-    throughput_table   one line per system: speed (fastest, slowest and median run, per CPU-second), latency
-    steps_table        one line per system: its pool, preemptions, steps, time per step, what a step held
-    ratios_table       continuous ÷ each baseline (static, hf-generate), metric by metric
-    target_line        continuous ÷ static against TARGET_SPEEDUP, in words, and what bounds the ratio
-    05_throughput.png  tokens/s and normalized latency, one bar per system
+    TABLES["systems"]    one line per system: speed and latency of its best run, steps (chapter 5's)
+    TABLES["ratios"]     continuous ÷ static, metric by metric (chapter 5's)
+    TABLES["steps"]      one line per system: its pool, preemptions, steps, time per step, what a step held
+    TABLES["baselines"]  continuous ÷ each baseline (static, hf-generate), metric by metric
+    target_line          continuous ÷ static against TARGET_SPEEDUP, in words, and what bounds the ratio
+    draw_throughput      tokens/s and normalized latency, one bar per system
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.common import rough_duration
-from pagedlab.bench.throughput import HF_SYSTEM, LENGTH_SCALE, NUM_REQUESTS, REPEATS, TARGET_SPEEDUP
+from pagedlab.bench.runs import hf_available
+from pagedlab.bench.tables import Column, Table, cell, left, times
+from pagedlab.bench.throughput import HF_SYSTEM, LENGTH_SCALE, NUM_REQUESTS, PAPER, REPEATS, TARGET_SPEEDUP
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-    from rich.table import Table
 
 # Seconds of one run of each system at the defaults on a quiet 2-core CPU, for the estimate printed at the start.
 RUN_SECONDS = {"static": 9, "continuous": 4.5, "continuous-recompute": 11, "continuous-swap": 11, HF_SYSTEM: 14}
@@ -32,8 +33,6 @@ SETUP_SECONDS = 25  # warm-up, loading the Hugging Face model, the priority tabl
 
 def start_line(options: dict) -> str:
     """What the bench is about to do and roughly how long it takes."""
-    from pagedlab.bench.hf_generate import hf_available
-
     repeats, num_requests = options.get("repeats", REPEATS), options.get("num_requests", NUM_REQUESTS)
     systems = options.get("systems") or [s for s in RUN_SECONDS if s != HF_SYSTEM or hf_available()]
     seconds = estimated_seconds(systems, repeats, num_requests, options.get("length_scale", LENGTH_SCALE))
@@ -48,71 +47,6 @@ def estimated_seconds(systems, repeats: int, num_requests: int, length_scale: fl
     """Roughly how long the bench takes on a quiet 2-core CPU: a run's cost grows with the stream's output tokens."""
     size = num_requests * length_scale / (NUM_REQUESTS * LENGTH_SCALE)
     return SETUP_SECONDS + repeats * size * sum(RUN_SECONDS[s] for s in systems)
-
-
-def throughput_table(rows: list[dict]) -> Table:
-    """A rich table of the rows: speed (the fastest run, the slowest beside it, per CPU-second) and latency."""
-    from rich.table import Table
-
-    r0, n = rows[0], rows[0]["num_requests"]
-    title = (
-        f"Throughput, {r0['workload']}-like lengths x {r0['length_scale']:g} ({n} requests, prompt "
-        f"{r0['prompt_tokens'] / n:.0f} + output {r0['output_tokens'] / n:.0f} tokens on average), all queued at t=0, "
-        f"max_num_seqs {r0['max_num_seqs']}, block {r0['block_size']}, CPU, torch threads {r0['torch_threads']}, "
-        f"best of {r0['repeats']} rounds"
-    )
-    table = Table(title=title, padding=(0, 1))
-    table.add_column("system", no_wrap=True)
-    for col in ("tok/s", "slowest", "median", "tok/CPU-s", "req/s", "ms/tok", "TTFT s", "same"):
-        table.add_column(col, justify="right", min_width=len(col))
-    for r in rows:
-        speeds = [f"{r[k]:.0f}" for k in ("tokens_per_s", "tokens_per_s_worst", "tokens_per_s_median")]
-        table.add_row(
-            r["system"],
-            *speeds,
-            f"{r['tokens_per_cpu_s']:.0f}",
-            f"{r['requests_per_s']:.2f}",
-            f"{1000 * r['normalized_latency_s']:.0f}",
-            f"{r['ttft_s']:.1f}",
-            dash(r["same_tokens_as_static"], ".0%"),
-        )
-    table.caption = (
-        "tok/s: output tokens per second of the fastest run; slowest, median: over all runs; tok/CPU-s: "
-        "per second of this process's CPU time (other programs on the cores do not count), least-CPU run; ms/tok: "
-        "normalized latency; same: requests whose tokens equal static's"
-    )
-    return table
-
-
-def steps_table(rows: list[dict]) -> Table:
-    """A rich table of where each system's steps went: its pool, preemptions, steps and what a step held."""
-    from rich.table import Table
-
-    table = Table(title="Where the steps went (the fastest run)", padding=(0, 1))
-    table.add_column("system", no_wrap=True)
-    for col in ("KV blocks", "preempt", "steps", "ms/step", "batch", "ctx×", "model"):
-        table.add_column(col, justify="right", min_width=len(col))
-    for r in rows:
-        table.add_row(
-            r["system"],
-            dash(r["num_kv_blocks"], "d"),
-            dash(r["preemptions"], "d"),
-            str(r["steps"]),
-            f"{1000 * r['total_s'] / r['steps']:.1f}",
-            f"{r['tokens_per_step']:.1f}",
-            dash(r["context_padding"], ".2f"),
-            dash(r["forward_share"], ".0%"),
-        )
-    table.caption = (
-        "batch: output tokens per step; ctx×: context slots a decode attention padded to each batch's longest would "
-        "read ÷ those needed (ours reads tiles); model: share of step time in forward + sampling"
-    )
-    return table
-
-
-def dash(value, fmt: str) -> str:
-    """A table cell: '-' where a field does not apply."""
-    return "-" if value is None else format(value, fmt)
 
 
 RATIO_KEYS = {  # metric -> label; continuous ÷ a baseline
@@ -134,17 +68,113 @@ def ratios(rows: list[dict], base: str) -> dict[str, float] | None:
     return {k: by["continuous"][k] / by[base][k] for k in RATIO_KEYS}
 
 
-def ratios_table(rows: list[dict]) -> Table:
-    from rich.table import Table
+SYSTEM_NAMES = {
+    "static": "static (stage 4)",
+    "continuous": "continuous (stage 5)",
+    "continuous-recompute": "continuous, recompute",
+    "continuous-swap": "continuous, swap",
+    HF_SYSTEM: "Hugging Face `generate`",
+}
 
-    table = Table(title="continuous ÷ baseline (speeds: higher is better; latencies and steps: lower)")
+
+def _title(rows: list[dict]) -> str:
+    r0, n = rows[0], rows[0]["num_requests"]
+    return (
+        f"Throughput, {r0['workload']}-like lengths x {r0['length_scale']:g} ({n} requests, prompt "
+        f"{r0['prompt_tokens'] / n:.0f} + output {r0['output_tokens'] / n:.0f} tokens on average), all queued at t=0, "
+        f"max_num_seqs {r0['max_num_seqs']}, block {r0['block_size']}, CPU, torch threads {r0['torch_threads']}, "
+        f"best of {r0['repeats']} rounds"
+    )
+
+
+def _static_ratios(rows: list[dict]) -> list[dict]:
+    """Continuous vs static, metric by metric: one line each (none unless both were measured)."""
+    r, by = ratios(rows, "static"), {row["system"]: row for row in rows}
+    if r is None:
+        return []
+    step = lambda name: by[name]["total_s"] / by[name]["steps"]  # noqa: E731
+    return [
+        {"metric": "tokens/s, best runs", "ratio": f"{times(r['tokens_per_s'])} higher"},
+        {"metric": "tokens/s, median runs", "ratio": f"{times(r['tokens_per_s_median'])} higher"},
+        {"metric": "tokens per CPU-second", "ratio": f"{times(r['tokens_per_cpu_s'])} higher"},
+        {"metric": "steps", "ratio": f"{times(1 / r['steps'])} fewer"},
+        {"metric": "time per step", "ratio": f"{times(step('continuous') / step('static'))} longer"},
+        {"metric": "normalized latency", "ratio": f"{times(1 / r['normalized_latency_s'])} lower"},
+        {"metric": "time to first token", "ratio": f"{times(1 / r['ttft_s'])} lower"},
+    ]
+
+
+def _baseline_lines(rows: list[dict]) -> list[dict]:
     bases = [b for b in ("static", HF_SYSTEM) if ratios(rows, b) is not None]
-    table.add_column("metric")
-    for base in bases:
-        table.add_column(f"continuous ÷ {base}", justify="right")
-    for key, label in RATIO_KEYS.items():
-        table.add_row(label, *(f"{ratios(rows, b)[key]:.2f}x" for b in bases))
-    return table
+    return [{"metric": label, **{b: ratios(rows, b)[key] for b in bases}} for key, label in RATIO_KEYS.items()]
+
+
+TABLES = {
+    "systems": Table(
+        (
+            left("system", lambda r: SYSTEM_NAMES[r["system"]]),
+            Column("KV blocks", lambda r: cell(r["num_kv_blocks"], "{}")),
+            Column("tokens/s", lambda r: f"{r['tokens_per_s']:.0f}"),
+            Column("slowest run", lambda r: f"{r['tokens_per_s_worst']:.0f}"),
+            Column("per CPU-second", lambda r: f"{r['tokens_per_cpu_s']:.0f}"),
+            Column("normalized latency", lambda r: f"{1000 * r['normalized_latency_s']:.0f} ms/token"),
+            Column("time to first token", lambda r: f"{r['ttft_s']:.1f} s"),
+            Column("steps", lambda r: str(r["steps"])),
+            Column("tokens per step", lambda r: f"{r['tokens_per_step']:.1f}"),
+            Column("time per step", lambda r: f"{1000 * r['total_s'] / r['steps']:.1f} ms"),
+            Column("preemptions", lambda r: cell(r["preemptions"], "{}")),
+        ),
+        title=_title,
+        caption="tokens/s: output tokens per second of the fastest run; slowest: over all runs; per CPU-second: "
+        "this process's CPU time (other programs on the cores do not count), least-CPU run",
+    ),
+    "ratios": Table(
+        (left("continuous vs static", lambda r: r["metric"]), Column("ratio", lambda r: r["ratio"])),
+        _static_ratios,
+        "continuous ÷ static",
+    ),
+    "steps": Table(
+        (
+            left("system", lambda r: r["system"]),
+            Column("KV blocks", lambda r: cell(r["num_kv_blocks"], "{}")),
+            Column("preempt", lambda r: cell(r["preemptions"], "{}")),
+            Column("steps", lambda r: str(r["steps"])),
+            Column("ms/step", lambda r: f"{1000 * r['total_s'] / r['steps']:.1f}"),
+            Column("batch", lambda r: f"{r['tokens_per_step']:.1f}"),
+            Column("ctx×", lambda r: cell(r["context_padding"], "{:.2f}")),
+            Column("model", lambda r: cell(r["forward_share"] and 100 * r["forward_share"], "{:.0f}%")),
+            Column("same", lambda r: cell(r["same_tokens_as_static"] and 100 * r["same_tokens_as_static"], "{:.0f}%")),
+        ),
+        title="Where the steps went (the fastest run)",
+        caption="batch: output tokens per step; ctx×: context slots a decode attention padded to each batch's longest "
+        "would read ÷ those needed (ours reads tiles); model: share of step time in forward + sampling; same: "
+        "requests whose tokens equal static's",
+    ),
+}
+
+
+def baselines_table(rows: list[dict]) -> Table:
+    """Continuous ÷ each baseline measured (static, hf-generate), metric by metric."""
+    bases = [b for b in ("static", HF_SYSTEM) if ratios(rows, b) is not None]
+    columns = [left("metric", lambda r: r["metric"])]
+    columns += [Column(f"continuous ÷ {b}", lambda r, b=b: f"{r[b]:.2f}x") for b in bases]
+    return Table(tuple(columns), _baseline_lines, "continuous ÷ baseline (speeds: higher is better; latencies: lower)")
+
+
+def tables(rows: list[dict]) -> dict[str, Table]:
+    return TABLES | {"baselines": baselines_table(rows)}
+
+
+def report(console, rows: list[dict], priority_table: bool = True) -> None:
+    """The tables, the target in words, latency by priority class (a run of its own), the paper's claim."""
+    from pagedlab.bench.priority import priority_section
+
+    for name in ("systems", "steps", "baselines"):
+        console.print(tables(rows)[name].rich(rows))
+    console.print(target_line(rows))
+    if priority_table:
+        console.print(priority_section(rows[0]))
+    console.print(f"[dim]{PAPER}[/dim]")
 
 
 def target_line(rows: list[dict]) -> str:
@@ -163,13 +193,7 @@ def target_line(rows: list[dict]) -> str:
     )
 
 
-def save_throughput_figure(rows: list[dict], figures_dir: str | Path) -> Path:
-    from pagedlab import viz
-
-    return viz.save_figure(plot_throughput(rows), Path(figures_dir) / "05_throughput.png")
-
-
-def plot_throughput(rows: list[dict]) -> Figure:
+def draw_throughput(rows: list[dict]) -> Figure:
     """Two panels, one bar per system (its fastest run): output tokens per second, with a line down to its slowest
     run, and normalized latency (ms per output token)."""
     from pagedlab import viz

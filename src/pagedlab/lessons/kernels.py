@@ -47,8 +47,6 @@ def select_mode(console) -> str | None:
     return "interpreter"
 
 
-
-
 DEMO_SHAPE = HeadShape(num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, partition_size=16)  # notebook 06's
 
 

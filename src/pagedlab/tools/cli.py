@@ -101,32 +101,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
-    if options and args.name not in ("throughput", "prefix", "real", "serve"):
-        raise ValueError(f"--repeats: only throughput, prefix, real and serve repeat their runs, not {args.name}")
-    if options and args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
     return 0
-
-
-# Rough seconds of each bench at its defaults, measured once on a quiet 2-core CPU (OMP_NUM_THREADS=1).
-BENCH_SECONDS = {
-    "memory": "6 s (a fake model: no forward pass)",
-    "sharing": "50 s",
-    "prefix": "15 s (3 runs of each configuration, taking turns)",
-    "throughput": "2 min (5 systems x 2 rounds, taking turns; --repeats N: about 50 s a round)",
-    "scheduler": "2 s (a fake model)",
-    "kernel": "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels",
-    "real": "3.5 min (SmolLM2-135M-Instruct, 5 systems x 2 rounds; needs `pagedlab fetch smollm2`)",
-    "serve": "70 s (pagedlab serve on 127.0.0.1: 2 systems x 3 Poisson rates x 2 rounds, the openai client)",
-}
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from pagedlab.bench.common import rough_duration
-    from pagedlab.bench.figures import ROUGH_SECONDS, redraw_bench_figures, rerun_bench_figures
+    from pagedlab.bench.figures import figure_benches, redraw_bench_figures, rerun_bench_figures
     from pagedlab.lessons import make_figures
 
     for path in make_figures(args.out):
@@ -143,8 +126,9 @@ def _cmd_figures(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 0
-    seconds = sum(ROUGH_SECONDS.values())
-    print(f"re-measuring {', '.join(ROUGH_SECONDS)}: {rough_duration(seconds)} on a quiet 2-core CPU", file=sys.stderr)
+    benches = figure_benches()
+    names, seconds = ", ".join(b.name for b in benches), sum(b.seconds for b in benches)
+    print(f"re-measuring {names}: {rough_duration(seconds)} on a quiet 2-core CPU", file=sys.stderr)
     for path in rerun_bench_figures(Console(stderr=True), args.out):
         print(path)
     return 0
@@ -481,20 +465,24 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
 
+    from pagedlab.bench import BENCHES
+
+    figured = ", ".join(b.name for b in BENCHES.values() if b.figure)
     bench = sub.add_parser(
         "bench",
         help="the paper's measurements at our scale: memory, sharing, prefix, throughput, ... (seconds to minutes)",
         description="The vLLM paper's measurements at our scale. Roughly, on a quiet 2-core CPU:\n"
-        + "".join(f"  {name:<11} {seconds}\n" for name, seconds in BENCH_SECONDS.items())
-        + "A busy machine takes longer. memory, sharing, prefix, throughput and real also write their figure,\n"
+        + "".join(f"  {b.name:<11} {b.duration}\n" for b in BENCHES.values())
+        + f"A busy machine takes longer. {figured} also write their figure,\n"
         "figures/NN_NAME.png, and the rows it was drawn from, figures/NN_NAME.json; the chapters quote\n"
         "the committed ones (`git checkout figures/` restores them).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument("name", help="which bench: " + ", ".join(BENCH_SECONDS))
+    bench.add_argument("name", metavar="NAME", help="which bench: " + ", ".join(BENCHES))
     bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
     bench.add_argument("--no-figure", action="store_true", help="write neither the figure nor its JSON")
-    repeats_help = "throughput, prefix, real: rounds of runs (default 2, 3, 2)"
+    rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
+    repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
     bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
     bench.set_defaults(func=_cmd_bench)
 

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 FS, FS_SMALL = 9.5, 8.5  # the drawing's text: readable at the chapters' width
 
 
-
 # --- drawing helpers ------------------------------------------------------------------------------------------
 
 
@@ -296,7 +295,6 @@ def draw_decode_programs(plan: LaunchPlan, focus: tuple[int, int] | None = None)
 
 
 # --- parity ---------------------------------------------------------------------------------------------------
-
 
 
 DTYPE_COLOURS = {"float32": USED, "float16": RESERVED, "bfloat16": CACHED}
