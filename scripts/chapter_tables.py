@@ -1,7 +1,7 @@
 """The Markdown tables the chapters quote, rendered from a bench's committed JSON rows by the bench's own tables.
 
 Builds on: pagedlab.bench (BENCHES: each bench's `tables`, the specs its terminal report prints too).
-Read with: chapters/97-architecture.md (Benchmarks); tests/test_figures_match_chapters.py.
+Read with: chapters/97-architecture.md (Benchmarks); tests/scripts/test_figures_match_chapters.py.
 
 A chapter quotes a bench through a marked table, the marker naming the JSON and the table:
 

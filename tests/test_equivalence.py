@@ -137,7 +137,7 @@ def test_greedy_equals_oracle(stage, cfg):
 
 def test_every_stage_has_equivalence_configs():
     # Stage 6 runs the same scheduler as stage 5 on Triton kernels; under the interpreter the bundled
-    # model is too slow for this list, so tests/test_stage6.py checks it against the oracle on a tiny model.
+    # model is too slow for this list, so tests/engine/test_stage6.py checks it against the oracle on a tiny model.
     assert set(STAGES) - {6} <= set(STAGE_CONFIGS)
 
 

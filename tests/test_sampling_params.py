@@ -56,5 +56,5 @@ def test_a_top_k_beyond_the_vocabulary_samples_as_top_k_off():
 
 
 def test_a_stop_string_must_be_text():
-    with pytest.raises(ValueError, match="SamplingParams.stop must be valid Unicode text"):
+    with pytest.raises(ValueError, match="SamplingParams.stop: not valid Unicode text"):
         SamplingParams(stop=["ok", "\ud800"])

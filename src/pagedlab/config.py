@@ -49,10 +49,6 @@ class EngineConfig:
     debug_checks: bool = False  # check every invariant after every step (slow; for tests)
     sliding_window: int = 0  # from the model (stages 2+): every layer's window, so blocks behind it are freed; 0 = none
 
-    @property
-    def max_blocks_per_request(self) -> int:
-        return cdiv(self.max_model_len, self.block_size)
-
     @classmethod
     def checked_overrides(cls, overrides: dict) -> dict:
         """The keyword settings a user gave, each a known field of its annotated type ("512MiB" -> bytes)."""
@@ -134,11 +130,6 @@ def check_device(device: str) -> None:
             raise ValueError(f"device: {device!r} but Apple's MPS is not available here; use 'cpu'")
     elif parsed.type != "cpu":
         raise ValueError(f"device: {device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
-
-
-def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for positive ints, without floats: the blocks that hold a tokens, b to a block."""
-    return -(-a // b)
 
 
 def kv_bytes_per_token(model_config, dtype: str) -> int:

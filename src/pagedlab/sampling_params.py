@@ -102,6 +102,16 @@ def _check_bool(value, name: str, owner: str = "SamplingParams") -> None:
         raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
 
 
+def check_text(value: str, name: str) -> str:
+    """A user string must be valid Unicode text: a lone surrogate ("\\ud800" in JSON) has no UTF-8 form. (Every door
+    checks its strings with this: prompts, stop strings, salts, chat messages, templates.)"""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{name}: not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return value
+
+
 def _as_stop_strings(stop) -> list[str]:
     """None | str | a list of non-empty strings -> a list of them."""
     if stop is None:
@@ -110,10 +120,7 @@ def _as_stop_strings(stop) -> list[str]:
     if strings is None or any(not isinstance(s, str) or not s for s in strings):
         raise ValueError(f"SamplingParams.stop must be a non-empty string or a list of them, got {stop!r}")
     for s in strings:
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"SamplingParams.stop must be valid Unicode text (a lone surrogate in {s!r})") from None
+        check_text(s, "SamplingParams.stop")
     return strings
 
 

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field, replace
 
 from pagedlab.attention.backends import BACKENDS
 from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
+from pagedlab.kv.block_pool import FreeKVCacheBlockQueue
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
+from pagedlab.kv.hashing import HashChainIndex
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
@@ -37,6 +39,9 @@ from pagedlab.sched.static import StaticScheduler
 STAGE_FIELDS = ("enable_prefix_caching", "long_prefill_token_threshold", "preemption_mode", "num_swap_blocks",
                 "scheduling_policy")  # fmt: skip
 CONTINUOUS_FIELDS = frozenset(STAGE_FIELDS)
+# The prefix cache's parts (stage 4 on): the index of cached blocks, and the eviction policy, the free queue's order
+# (least recently freed first, as vLLM's). Another index or policy is one file and a change here.
+PREFIX_CACHE = {"prefix_index": HashChainIndex, "eviction": FreeKVCacheBlockQueue}
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class StagePreset:
     uses: frozenset[str] = frozenset()  # the fields of STAGE_FIELDS this stage reads
     defaults: dict = field(default_factory=dict)  # field -> its value when the user gives none
     backends: tuple[str, ...] = ("reference", "tiled")  # names in BACKENDS it can run, the preferred first
+    kv_parts: dict = field(default_factory=dict)  # the KV manager's parts: prefix_index, eviction (stage 4 on)
 
     @property
     def chapter(self) -> str:
@@ -128,6 +134,7 @@ STAGES: dict[int, StagePreset] = {
         "04-prefix-caching",
         uses=frozenset({"enable_prefix_caching"}),
         defaults={"enable_prefix_caching": True},
+        kv_parts=PREFIX_CACHE,
     ),
     5: StagePreset(
         5,
@@ -144,6 +151,7 @@ STAGES: dict[int, StagePreset] = {
         "05-continuous-batching",
         uses=CONTINUOUS_FIELDS,
         defaults={"enable_prefix_caching": True},
+        kv_parts=PREFIX_CACHE,
         backends=("tiled", "reference"),
     ),
     6: StagePreset(
@@ -162,6 +170,7 @@ STAGES: dict[int, StagePreset] = {
         "06-triton-kernel",
         uses=CONTINUOUS_FIELDS,
         defaults={"enable_prefix_caching": True},
+        kv_parts=PREFIX_CACHE,
         backends=("triton", "tiled", "reference"),  # tiled: the fallback where Triton cannot run
     ),
 }
@@ -268,6 +277,11 @@ def make_attention(config, kv_cache, num_queries_per_kv: int, head_dim: int, win
     backend = BACKENDS[config.attention_backend].load()(kv_cache, num_queries_per_kv, head_dim)
     backend.windows = windows  # each layer's sliding window; () = none
     return backend
+
+
+def make_kv_manager(config, preset: StagePreset):
+    """The preset's KV manager for `config`, with the preset's parts (a prefix index and its eviction policy)."""
+    return preset.kv_manager.from_config(config, **preset.kv_parts)
 
 
 def make_scheduler(config, preset: StagePreset, kv_manager):

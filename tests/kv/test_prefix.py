@@ -38,6 +38,7 @@ def test_hashes_chain_through_parents():  # hash_block_tokens is given: no task'
 
 
 @pytest.mark.task("caching-pool")
+@pytest.mark.task("prefix-index")
 def test_full_blocks_are_cached_kept_after_free_and_hit_later():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a = req("a", range(10))  # blocks: [0 1 2 3] [4 5 6 7] [8 9 _ _]
@@ -87,6 +88,7 @@ def test_a_full_hit_still_leaves_the_last_token_to_compute():
 
 
 @pytest.mark.task("caching-pool")
+@pytest.mark.task("prefix-index")
 def test_eviction_takes_the_tail_of_a_chain_first():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a = req("a", range(10))
@@ -110,6 +112,7 @@ def test_salted_requests_do_not_share():
 
 
 @pytest.mark.task("caching-pool")
+@pytest.mark.task("prefix-index")
 def test_the_same_block_computed_twice_in_one_step_is_cached_once():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a, b = req("a", range(6)), req("b", range(6))

@@ -15,7 +15,7 @@ writes both files, so the figure and the numbers cannot come from two different 
 `pagedlab figures` redraws the PNGs from the committed JSON (seconds, the same picture every
 time); `pagedlab figures --rerun-benches` measures again (minutes) and rewrites both. The
 chapters' tables are rendered from the same JSON (scripts/chapter_tables.py), and
-tests/test_figures_match_chapters.py checks that the chapters still say what the JSON says.
+tests/scripts/test_figures_match_chapters.py checks that the chapters still say what the JSON says.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import time
 from typing import TYPE_CHECKING
 
 from pagedlab.bench.tables import Column, Table
-from pagedlab.config import cdiv
 from pagedlab.errors import check
+from pagedlab.kv.block_pool import cdiv
 from pagedlab.request import Request
 from pagedlab.sampling_params import SamplingParams
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
@@ -45,7 +45,7 @@ EOS = 1
 
 def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMPT_LEN, block_size: int = BLOCK_SIZE):
     """The stage-5 scheduler and KV manager, sized so that `num_running` requests decode `steps` tokens unhindered."""
-    from pagedlab.stages import engine_config, get_preset, make_scheduler
+    from pagedlab.stages import engine_config, get_preset, make_kv_manager, make_scheduler
 
     max_len = prompt_len + steps + 2
     blocks = num_running * cdiv(max_len, block_size)
@@ -60,7 +60,7 @@ def make_scheduler(num_running: int, steps: int = STEPS, prompt_len: int = PROMP
         max_num_batched_tokens=num_running * prompt_len,  # the whole first step's prefill in one budget
     )
     preset = get_preset(STAGE)
-    return make_scheduler(config, preset, preset.kv_manager.from_config(config))
+    return make_scheduler(config, preset, make_kv_manager(config, preset))
 
 
 def add_requests(scheduler, num_running: int, max_tokens: int, prompt_len: int = PROMPT_LEN) -> None:

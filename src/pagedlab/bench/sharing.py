@@ -1,6 +1,6 @@
 """Benchmarks: `pagedlab bench sharing`, the vLLM paper's Figure 15 at our scale (what does sharing KV blocks save?).
 
-Builds on: llm.py (the stage-3 engine: kv/cow.py behind sched/cow.py and sched/beam.py), bench/workloads.py.
+Builds on: llm.py (the stage-3 engine: kv/cow.py behind sched/sharing.py and sched/beam.py), bench/workloads.py.
 Read with: chapters/97-architecture.md (Benchmarks), chapters/03-copy-on-write.md.
 
 The bundled model generates real samples (parallel sampling, n per request)

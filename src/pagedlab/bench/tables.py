@@ -7,7 +7,7 @@ A Table is its columns, each a header and the text of one cell of a row, and
 the lines it shows (a bench's rows, filtered or turned into others: a ratio, a
 pivot). The bench prints it with `rich`; a chapter quotes it through a marker
 (scripts/chapter_tables.py renders the same spec as Markdown, and
-tests/test_figures_match_chapters.py checks the chapter against the committed
+tests/scripts/test_figures_match_chapters.py checks the chapter against the committed
 rows):
 
     <!-- from figures/05_throughput.json: systems -->

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from pagedlab.course import grading
-from pagedlab.course.regions import repo_root, stage_regions, stub_source
+from pagedlab.course.regions import copy_tests, repo_root, stage_regions, stub_source
 from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 
@@ -37,7 +37,7 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
         raise ValueError(f"stage: stage {number} has no solution regions")
     tests_of = grading.collect_tasks(number)
     shutil.copytree(root / "src", out / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    shutil.copytree(root / "tests", out / "tests", ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    copy_tests(root, out / "tests")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, out / name)
     for path in set() if with_solutions else {r.path for r in regions}:

@@ -54,8 +54,9 @@ def write_gradescope(stage: int | str, out: str | Path) -> list[Path]:
         raise ValueError(f"stage: stage {number} has no tasks")
     out.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc")
-    for part in ("src", "tests", "chapters"):
+    for part in ("src", "chapters"):
         shutil.copytree(root / part, out / "pagedlab" / part, ignore=ignore)
+    regions.copy_tests(root, out / "pagedlab" / "tests")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, out / "pagedlab" / name)
     (out / "setup.sh").write_text(SETUP_SH)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.course.regions import file_regions, repo_root, stage_regions, stub_body, whole_functions
+from pagedlab.course.regions import copy_tests, file_regions, repo_root, stage_regions, stub_body, whole_functions
 from pagedlab.course.screening import screen
 from pagedlab.stages import STAGE_NAMES, parse_stage
 
@@ -160,7 +160,7 @@ def _workspace(path: Path) -> Path:
 def _copy_reference(root: Path, tree: Path, extra_tests: str | Path | None) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc")
     shutil.copytree(root / "src", tree / "src", ignore=ignore)
-    shutil.copytree(root / "tests", tree / "tests", ignore=ignore)
+    copy_tests(root, tree / "tests")
     shutil.copy(root / "pyproject.toml", tree / "pyproject.toml")
     if extra_tests is not None:
         hidden = Path(extra_tests)

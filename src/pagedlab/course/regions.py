@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,6 +199,18 @@ def _raise_in_function(text: str, name: str, message: str) -> str:
     pad = " " * first.col_offset
     lines.insert(at, f"{pad}raise NotImplementedError({message!r})")
     return "\n".join(lines) + "\n"
+
+
+def copy_tests(root: Path, out: Path) -> None:
+    """The checkout's tests/ into `out`, less tests/scripts/: those test the maintainers' scripts/, which no
+    workspace or autograder holds."""
+    skip = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        top = Path(folder).resolve() == (root / "tests").resolve()
+        return set(skip(folder, names)) | ({"scripts"} if top else set())
+
+    shutil.copytree(root / "tests", out, ignore=ignore)
 
 
 def repo_root() -> Path:

@@ -14,6 +14,7 @@ refused, before anything runs, when it
     reaches for code or files               exec eval compile open getattr globals vars ...
     names a module of the interpreter       sys os builtins importlib inspect subprocess ...
     touches dunders or frames               x.__class__, f.__globals__, frame.f_back, __builtins__
+                                            (a class's private self.__x is its own: Python renames it)
     goes below a module's public surface    torch._C, np.lib._x, torch.utils, torch.hub ...
     uses a name its file does not have      (a typo is refused too, with the name)
     defines a class, or global / nonlocal
@@ -109,13 +110,19 @@ def _refuse(node: ast.AST, modules: set[str], known: set[str]) -> list[str]:
         if node.id not in known:
             return [f"the name {node.id!r} is neither in this file, a safe builtin, nor bound here"]
     if isinstance(node, ast.Attribute):
-        if node.attr in FORBIDDEN_ATTRIBUTES or node.attr.startswith("__"):
+        if node.attr in FORBIDDEN_ATTRIBUTES or _is_dunder(node.attr):
             return [f"the attribute {node.attr!r} is not accepted"]
         if node.attr.startswith("_") and _rooted_at(node, modules):
             return [f"{node.attr!r}: below a module's public names is not accepted"]
     if isinstance(node, ast.FunctionDef) and node.name.startswith("__") and node.name != "__init__":
         return [f"defining {node.name!r} is not accepted"]
     return []
+
+
+def _is_dunder(attribute: str) -> bool:
+    """`__class__`, `__globals__`: the interpreter's. A private `__next` (no trailing underscores) is renamed by
+    Python to the class's own `_Class__next` inside a class body, and names nothing special outside one."""
+    return attribute.startswith("__") and (attribute.endswith("__") or len(attribute) <= 3)
 
 
 def _rooted_at(node: ast.Attribute, modules: set[str]) -> bool:

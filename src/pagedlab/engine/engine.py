@@ -29,7 +29,7 @@ from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 from pagedlab.sched.beam import BeamGroup
-from pagedlab.stages import get_preset, make_attention, make_scheduler
+from pagedlab.stages import get_preset, make_attention, make_kv_manager, make_scheduler
 from pagedlab.worker.runner import ModelRunner
 
 
@@ -41,7 +41,7 @@ class LLMEngine:
         preset = get_preset(config.stage)
         mc = loaded.config
         self.config, self.model_config, self.tokenizer = config, mc, loaded.tokenizer
-        self.kv_manager = preset.kv_manager.from_config(config)
+        self.kv_manager = make_kv_manager(config, preset)
         self.scheduler = make_scheduler(config, preset, self.kv_manager)
         dtype = loaded.model.lm_head.weight.dtype
         kv_cache = allocate_kv_cache(
@@ -168,7 +168,7 @@ class LLMEngine:
         """The tables the forward pass just used are the KV manager's, for every running request."""
         kv = self.kv_manager
         tables = {r.request_id: kv.get_block_ids(r) for r in self.scheduler.running}
-        null = kv.null_block.block_id if kv.null_block is not None else None
+        null = kv.window.null_block.block_id if kv.window.null_block is not None else None
         self.runner.block_tables.check_matches(tables, null)
 
     def _snapshot(self, so) -> StepTrace:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 
 from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
-from pagedlab.model.chat_template import check_text
+from pagedlab.kv.block_pool import cdiv
 from pagedlab.model.memory import check_memory
 from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.request import Request, max_output_tokens
-from pagedlab.sampling_params import BeamSearchParams, SamplingParams
+from pagedlab.sampling_params import BeamSearchParams, SamplingParams, check_text
 from pagedlab.sched.beam import BeamGroup, is_beam_id
 from pagedlab.sched.policies import POLICIES
 from pagedlab.stages import introduced_by
@@ -212,7 +212,10 @@ def check_engine_memory(config: EngineConfig, model_config) -> None:
     }
     on_host = {
         "num_swap_blocks": (config.num_swap_blocks * kv_block, f"{config.num_swap_blocks} CPU swap blocks"),
-        "max_num_seqs": (config.max_num_seqs * config.max_blocks_per_request * 4, "the runner's block tables"),
+        "max_num_seqs": (
+            config.max_num_seqs * cdiv(config.max_model_len, config.block_size) * 4,
+            "the runner's block tables",
+        ),
     }
     if config.device == "cpu":
         check_memory(on_device | on_host, "cpu")

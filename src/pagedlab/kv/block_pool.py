@@ -25,6 +25,11 @@ from dataclasses import dataclass
 from pagedlab.errors import InvariantError, check
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints, without floats: the blocks that hold a tokens, b to a block."""
+    return -(-a // b)
+
+
 @dataclass(slots=True, eq=False)
 class KVCacheBlock:
     """One physical block of block_size KV slots (the tensors live in the runner; this is the metadata)."""
@@ -101,10 +106,11 @@ class BlockPool:
     """All physical blocks. Invariants: free queue == {blocks with ref_cnt 0} less the null block;
     used + free == num_usable (every block but the null block)."""
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, free_queue: type = None):
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # the order free blocks are reused in: least recently freed first (a caching pool's eviction policy)
+        self.free_block_queue = (free_queue or FreeKVCacheBlockQueue)(self.blocks)
         self.null_block: KVCacheBlock | None = None
 
     def take_null_block(self) -> KVCacheBlock:

@@ -24,6 +24,7 @@ import heapq
 import math
 
 from pagedlab.errors import InvariantError, check
+from pagedlab.kv.window import NoWindow
 from pagedlab.request import Request
 
 
@@ -32,7 +33,7 @@ class ContiguousKVCacheManager:
 
     prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
     prefix_cache_hits = 0  # of those, tokens found cached
-    null_block = None  # no sliding window before stage 2
+    window = NoWindow()  # no sliding window before stage 2
 
     def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int):
         self.block_size = block_size

@@ -1,6 +1,6 @@
-"""Stage 4: chained block hashes: a full block is named by its tokens and everything before it.
+"""Stage 4: chained block hashes name a full block by its tokens and everything before it; the index finds it.
 
-Builds on: request.py.
+Builds on: request.py, kv/block_pool.py (KVCacheBlock, its block_hash).
 Read with: chapters/04-prefix-caching.md.
 
     hash(block i) = H(hash(block i-1) or NONE_HASH, tokens of block i, extra keys)
@@ -15,7 +15,22 @@ returns another request's K/V on a collision, so with untrusted tenants a
 weak hash lets one tenant craft prompts that read or poison another's cache;
 vLLM switched its default to SHA-256 for that reason. `hash_algo="builtin"`
 (Python's hash of a tuple) is faster and fine for a single trusted user.
-vLLM: vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH, generate_block_hash_extra_keys).
+
+Because a hash covers the whole prefix, one flat dict finds the longest cached
+prefix of a prompt: look its block hashes up in order until one misses.
+
+    request: [h0] [h1] [h2] [h3]         index: h0 -> block 4, h1 -> block 9, h3 -> block 2
+    hits:    block 4, block 9            (h2 misses: h3's block is never reached through this prompt)
+
+The caching pool (kv/prefix.py) holds one index and asks it three things:
+`get` a hash, `insert` a block that has just filled, `evict` a block that is
+reused for other tokens. Which free block is reused first is the eviction
+policy, the free queue's order (kv/block_pool.py: least recently used first,
+as vLLM's). Another index (a radix tree over the tokens themselves) is a
+sibling class with these methods in its own file, named by a stage preset's
+`kv_parts` (stages.py).
+vLLM: vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH, generate_block_hash_extra_keys),
+vllm/v1/core/block_pool.py (BlockHashToBlockMap, cached_block_hash_to_block).
 """
 
 from __future__ import annotations
@@ -23,6 +38,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from pagedlab.errors import InvariantError
+from pagedlab.kv.block_pool import KVCacheBlock
 from pagedlab.request import Request
 
 BlockHash = bytes | int
@@ -66,3 +83,52 @@ def update_block_hashes(request: Request, block_size: int, none_hash: bytes, alg
 
 
 # END SOLUTION
+
+
+class HashChainIndex:
+    """block hash -> the block holding that prefix. Invariant: it maps exactly the blocks whose block_hash is
+    set, each under its own hash; one block per hash."""
+
+    def __init__(self):
+        self.cached_block_hash_to_block: dict = {}  # block_hash -> its block (vLLM's name)
+
+    # BEGIN SOLUTION
+    # TASK prefix-index (20 pts): the prefix index: find a cached block by its hash, register a block that
+    # has just filled (once per hash), forget a block's hash when the block is reused.
+    def get(self, block_hash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def insert(self, block: KVCacheBlock, block_hash) -> bool:
+        """Register a just-filled block under its hash; False if another block already holds this prefix."""
+        if block_hash in self.cached_block_hash_to_block:
+            return False  # computed twice in one step: keep the first, this one stays uncached
+        block.block_hash = block_hash
+        self.cached_block_hash_to_block[block_hash] = block
+        return True
+
+    def evict(self, block: KVCacheBlock) -> None:
+        """The block is being reused for other tokens: it no longer holds its cached prefix."""
+        if block.block_hash is not None:
+            del self.cached_block_hash_to_block[block.block_hash]
+            block.block_hash = None
+
+    # END SOLUTION
+
+    def reset(self) -> None:
+        """Forget every hash (vLLM's reset_prefix_cache)."""
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+
+    def __len__(self) -> int:
+        return len(self.cached_block_hash_to_block)
+
+    def blocks(self):
+        return self.cached_block_hash_to_block.values()
+
+    def check_invariants(self, pool_blocks: list[KVCacheBlock]) -> None:
+        for block_hash, block in self.cached_block_hash_to_block.items():
+            if block.block_hash != block_hash:
+                raise InvariantError(f"{block} is mapped under a hash it does not carry")
+        if sum(1 for b in pool_blocks if b.block_hash is not None) != len(self):
+            raise InvariantError("a block carries a hash the cache forgot")

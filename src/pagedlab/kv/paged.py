@@ -22,12 +22,9 @@ vLLM: vllm/v1/core/kv_cache_manager.py, vllm/v1/core/single_type_kv_cache_manage
 from __future__ import annotations
 
 from pagedlab.errors import InvariantError
-from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
+from pagedlab.kv.block_pool import BlockPool, KVCacheBlock, cdiv
+from pagedlab.kv.window import make_window
 from pagedlab.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class PagedKVCacheManager:
@@ -42,10 +39,7 @@ class PagedKVCacheManager:
         self.max_model_len = max_model_len
         self.pool = self.make_pool(num_kv_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
-        # Sliding window (every layer's, chapters/02-paged-blocks.md): blocks no query can see any more are
-        # freed and their table entries point at the null block, never allocated nor freed (vLLM's null_block).
-        self.sliding_window = sliding_window
-        self.null_block = self.pool.take_null_block() if sliding_window else None
+        self.window = make_window(sliding_window, block_size, self.pool)  # blocks out of reach (kv/window.py)
 
     def make_pool(self, num_kv_blocks: int) -> BlockPool:
         return BlockPool(num_kv_blocks)
@@ -54,41 +48,17 @@ class PagedKVCacheManager:
     def from_config(cls, config) -> PagedKVCacheManager:
         return cls(config.num_kv_blocks, config.block_size, config.max_model_len, config.sliding_window)
 
-    def remove_skipped_blocks(self, request: Request) -> None:
-        """Free the request's blocks that lie wholly before every query's window from now on (vLLM's
-        remove_skipped_blocks): this step's first query sits at num_computed_tokens and sees keys from
-        num_computed_tokens - W + 1 on. The freed entries become the null block, tail first."""
-        if not self.sliding_window:  # (allocate_slots' first line, for every request at every step)
-            return
-        blocks = self.req_to_blocks.get(request.request_id)
-        if not blocks:
-            return
-        skipped = self.num_skipped_blocks(request.num_computed_tokens)
-        freed = []
-        for i in range(min(skipped, len(blocks)) - 1, -1, -1):
-            if blocks[i] is self.null_block:
-                break  # everything before it went in an earlier step
-            freed.append(blocks[i])
-            blocks[i] = self.null_block
-        self.pool.free(freed)  # a caching pool (stage 4) keeps them cached
-
-    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
-        """Leading blocks no query from position `num_computed_tokens` on can see: it sees keys from
-        num_computed_tokens - W + 1 on (vLLM's get_num_skipped_tokens, in whole blocks); 0 without a window."""
-        if not self.sliding_window:
-            return 0
-        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
-
     # BEGIN SOLUTION
     # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or
     # None.
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
         """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
-        self.remove_skipped_blocks(request)  # (a sliding window's blocks out of reach; nothing without one)
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request.request_id] = []
-        # ceil((computed + new) / block_size) blocks hold every token so far; most decode steps need none more
+        self.window.free_skipped(blocks, request.num_computed_tokens)  # (a sliding window's, if any)
+        # ceil((computed + new) / block_size) blocks hold every token so far (cdiv, inlined: this runs for every
+        # request at every step); most decode steps need none more
         needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - len(blocks)
         if needed <= 0:
             return []
@@ -101,7 +71,7 @@ class PagedKVCacheManager:
     def free(self, request: Request) -> None:
         """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.pool.free([b for b in reversed(blocks) if b is not self.null_block])
+        self.pool.free(self.window.held(reversed(blocks)))
 
     # END SOLUTION
 
@@ -126,7 +96,7 @@ class PagedKVCacheManager:
     def promised_blocks(self, running: list[Request]) -> int:
         """Blocks the running requests may still claim: their worst case minus the blocks they hold."""
         tables = [self.req_to_blocks.get(r.request_id, ()) for r in running]
-        held = {b.block_id for blocks in tables for b in blocks if b is not self.null_block}
+        held = {b.block_id for blocks in tables for b in self.window.held(blocks)}
         return self.worst_case_blocks(running) - len(held)
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
@@ -142,8 +112,7 @@ class PagedKVCacheManager:
         return [b.block_id for b in self.req_to_blocks.get(request.request_id, ())]
 
     def slots_held(self, request: Request) -> int:
-        blocks = self.req_to_blocks.get(request.request_id, ())
-        return sum(b is not self.null_block for b in blocks) * self.block_size
+        return len(list(self.window.held(self.req_to_blocks.get(request.request_id, ())))) * self.block_size
 
     @property
     def num_used_blocks(self) -> int:
@@ -162,12 +131,9 @@ class PagedKVCacheManager:
         self.pool.check_invariants()
         holders: dict[int, int] = {}
         for blocks in self.req_to_blocks.values():
-            for b in blocks:
+            for b in self.window.held(blocks):
                 holders[b.block_id] = holders.get(b.block_id, 0) + 1
-        for b in self.pool.blocks:
-            if b is self.null_block:
-                if b.ref_cnt != 0:
-                    raise InvariantError(f"the null block {b} was allocated")
-                continue
+        self.window.check_invariants()
+        for b in self.window.held(self.pool.blocks):
             if b.ref_cnt != holders.get(b.block_id, 0):
                 raise InvariantError(f"{b} is held by {holders.get(b.block_id, 0)} tables")

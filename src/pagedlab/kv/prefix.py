@@ -1,6 +1,6 @@
 """Stage 4: automatic prefix caching: full blocks stay findable by hash, even after they are freed.
 
-Builds on: kv/cow.py (sharing, fork, CoW), kv/block_pool.py (free queue), kv/hashing.py.
+Builds on: kv/cow.py (sharing, fork, CoW), kv/block_pool.py (free queue), kv/hashing.py (hashes, the index).
 Read with: chapters/04-prefix-caching.md.
 
 A block that becomes full is registered under its chained hash. When its
@@ -23,35 +23,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pagedlab.errors import InvariantError, check
-from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
+from pagedlab.kv.block_pool import BlockPool, KVCacheBlock, cdiv
 from pagedlab.kv.cow import CowKVCacheManager
-from pagedlab.kv.hashing import make_none_hash, update_block_hashes
-from pagedlab.kv.paged import cdiv
+from pagedlab.kv.hashing import HashChainIndex, make_none_hash, update_block_hashes
 from pagedlab.request import Request
 
 
 class CachingBlockPool(BlockPool):
-    """Invariant: block_hash -> block maps exactly the blocks whose block_hash is set."""
+    """A pool whose free blocks keep their cached prefix until they are reused. Invariant: the prefix index
+    maps exactly the blocks whose block_hash is set (kv/hashing.py)."""
 
-    def __init__(self, num_blocks: int):
-        super().__init__(num_blocks)
-        self.cached_block_hash_to_block: dict = {}  # block_hash -> the block holding that prefix
+    def __init__(self, num_blocks: int, index=None, free_queue: type | None = None):
+        super().__init__(num_blocks, free_queue)  # the free queue's order is the eviction policy
+        self.index = HashChainIndex() if index is None else index  # block hash -> the block holding that prefix
+
+    @property
+    def cached_block_hash_to_block(self) -> dict:
+        """Every cached prefix: block hash -> its block (vLLM's name)."""
+        return self.index.cached_block_hash_to_block
 
     # BEGIN SOLUTION
-    # TASK caching-pool (35 pts): the cache's block pool: register full blocks, touch hits, evict a cached block when it
-    # is reused.
-    def get_cached_block(self, block_hash) -> KVCacheBlock | None:
-        return self.cached_block_hash_to_block.get(block_hash)
-
-    def cache_full_block(self, block: KVCacheBlock, block_hash) -> bool:
-        """Register a just-filled block; False if another block already holds this prefix."""
-        if block_hash in self.cached_block_hash_to_block:
-            return False  # computed twice in one step: keep the first, this one stays uncached
-        block.block_hash = block_hash
-        self.cached_block_hash_to_block[block_hash] = block
-        return True
-
+    # TASK caching-pool (15 pts): the cache's block pool: a hit takes its block back from the free queue, and a block
+    # reused for other tokens loses its cached prefix.
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A cache hit: one more holder; a free cached block leaves the free queue."""
         for block in blocks:
@@ -62,14 +55,8 @@ class CachingBlockPool(BlockPool):
     def allocate(self, n: int) -> list[KVCacheBlock]:
         blocks = super().allocate(n)
         for block in blocks:
-            self._evict(block)
+            self.index.evict(block)  # reused for other tokens: its prefix is gone
         return blocks
-
-    def _evict(self, block: KVCacheBlock) -> None:
-        """The block is being reused for other tokens: it no longer holds its cached prefix."""
-        if block.block_hash is not None:
-            del self.cached_block_hash_to_block[block.block_hash]
-            block.block_hash = None
 
     # END SOLUTION
 
@@ -79,22 +66,16 @@ class CachingBlockPool(BlockPool):
         null block is never free and never held: it does not count (vLLM: num_used_blocks != 1)."""
         if self.num_used:
             return False
-        for block in self.cached_block_hash_to_block.values():
-            block.block_hash = None
-        self.cached_block_hash_to_block.clear()
+        self.index.reset()
         return True
 
     @property
     def num_cached_free(self) -> int:
-        return sum(1 for b in self.cached_block_hash_to_block.values() if b.ref_cnt == 0)
+        return sum(1 for b in self.index.blocks() if b.ref_cnt == 0)
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        for block_hash, block in self.cached_block_hash_to_block.items():
-            if block.block_hash != block_hash:
-                raise InvariantError(f"{block} is mapped under a hash it does not carry")
-        carrying = sum(1 for b in self.blocks if b.block_hash is not None)
-        check(carrying == len(self.cached_block_hash_to_block), "a block carries a hash the cache forgot")
+        self.index.check_invariants(self.blocks)
 
 
 class PrefixCachingKVCacheManager(CowKVCacheManager):
@@ -109,12 +90,17 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         hash_seed: int = 0,
         hash_algo: str = "sha256",
         sliding_window: int = 0,
+        prefix_index: type = HashChainIndex,
+        eviction: type | None = None,
     ):
+        # the preset's parts (stages.py), read by make_pool as the base class builds the pool
+        self.prefix_index, self.eviction = prefix_index, eviction
         super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window)
         self.enable_caching = enable_caching
         self.none_hash = make_none_hash(hash_seed)
         self.hash_algo = hash_algo
         self.num_cached_blocks: dict[str, int] = {}  # request_id -> leading blocks already registered
+        self.__next_allocate_slots = super().allocate_slots  # bound once, as in kv/cow.py
 
     @classmethod
     def from_config(cls, config, **extra) -> PrefixCachingKVCacheManager:
@@ -130,7 +116,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         )
 
     def make_pool(self, num_kv_blocks: int) -> CachingBlockPool:
-        return CachingBlockPool(num_kv_blocks)
+        return CachingBlockPool(num_kv_blocks, self.prefix_index(), self.eviction)
 
     # BEGIN SOLUTION
     # TASK lookup (40 pts): lookup: the longest run of cached full blocks, leaving at least the last token to compute.
@@ -141,11 +127,11 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         limit = (request.num_tokens - 1) // self.block_size  # the last token's logits are needed
         hits = []
         for block_hash in request.block_hashes[:limit]:
-            block = self.pool.get_cached_block(block_hash)
+            block = self.pool.index.get(block_hash)
             if block is None:
                 break
             hits.append(block)
-        return self.behind_window_to_null(hits)
+        return self.window.skip_hits(hits)
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
@@ -156,7 +142,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
 
     def take_hits(self, request: Request, hits: list[KVCacheBlock]) -> int:
         """Start the table with `hits` (from get_computed_blocks); count the query; return hit tokens."""
-        self.pool.touch([b for b in hits if b is not self.null_block])
+        self.pool.touch(self.window.held(hits))
         self.req_to_blocks[request.request_id] = list(hits)
         self.num_cached_blocks[request.request_id] = len(hits)
         if self.enable_caching:
@@ -165,7 +151,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         return len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        new_blocks = CowKVCacheManager.allocate_slots(self, request, num_new_tokens)  # (not super(): see cow.py)
+        new_blocks = self.__next_allocate_slots(request, num_new_tokens)  # super().allocate_slots
         if new_blocks is not None and self.enable_caching:
             num_full = (request.num_computed_tokens + num_new_tokens) // self.block_size
             if num_full > self.num_cached_blocks.get(request.request_id, 0):  # this step fills a block
@@ -177,19 +163,11 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
         blocks = self.req_to_blocks[request.request_id]
         for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
-            if blocks[i] is not self.null_block:  # a block a sliding window dropped was cached when it filled
-                self.pool.cache_full_block(blocks[i], request.block_hashes[i])
+            if blocks[i] is not self.window.null_block:  # a block a window dropped was cached when it filled
+                self.pool.index.insert(blocks[i], request.block_hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
     # END SOLUTION
-
-    def behind_window_to_null(self, hits: list[KVCacheBlock]) -> list[KVCacheBlock]:
-        """`hits` with those that will lie behind a sliding window replaced by the null block: the request
-        starts at len(hits) * block_size computed tokens, and remove_skipped_blocks would free them at once.
-        Left as they are, they are never touched (no ref_cnt, no move in the free queue) nor counted as blocks
-        to take; their tokens still count as computed (vLLM's SlidingWindowManager.find_longest_cache_hit)."""
-        skipped = self.num_skipped_blocks(len(hits) * self.block_size)
-        return [self.null_block] * skipped + hits[skipped:] if skipped else hits
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
         """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue. A hit
@@ -198,9 +176,9 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         hits = {}
         for r in group:
             for i, b in enumerate(self.get_computed_blocks(r)):
-                hits[(r.group_id, i) if b is self.null_block else id(b)] = b
+                hits[(r.group_id, i) if b is self.window.null_block else id(b)] = b
         need = self.worst_case_blocks(group) - len(hits)
-        revived = sum(1 for b in hits.values() if b.ref_cnt == 0 and b is not self.null_block)
+        revived = sum(1 for b in self.window.held(hits.values()) if b.ref_cnt == 0)
         return need + revived <= self.pool.num_free - self.promised_blocks(running)
 
     def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int) -> int:
@@ -208,7 +186,7 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         behind a window is the null block: none taken, as vLLM's get_num_blocks_to_allocate)."""
         hit_tokens = len(hits) * self.block_size
         new = cdiv(hit_tokens + num_new_tokens, self.block_size) - len(hits)
-        return new + sum(1 for b in hits if b.ref_cnt == 0 and b is not self.null_block)
+        return new + sum(1 for b in self.window.held(hits) if b.ref_cnt == 0)
 
     def fork(self, parent: Request, child: Request) -> None:
         super().fork(parent, child)

@@ -25,7 +25,7 @@ vLLM v1 dropped swapping (see chapters/05-continuous-batching.md).
 from __future__ import annotations
 
 from pagedlab.errors import InvariantError, check
-from pagedlab.kv.paged import cdiv
+from pagedlab.kv.block_pool import cdiv
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.request import Request
 
@@ -78,7 +78,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
     # BEGIN SOLUTION
     # TASK swap (25 pts): swap a preempted request's blocks out to the CPU pool and back into new GPU blocks.
     def can_swap_out(self, group: list[Request]) -> bool:
-        held = sum(b is not self.null_block for r in group for b in self.req_to_blocks.get(r.request_id, ()))
+        held = sum(len(list(self.window.held(self.req_to_blocks.get(r.request_id, ())))) for r in group)
         return held <= self.swap_pool.num_free
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
@@ -87,7 +87,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         uncopied = {c.dst: c.src for c in self.pending_copies if c.request_id == request.request_id}
         table = self.req_to_blocks.get(request.request_id, [])
         nulls = 0  # leading entries a sliding window dropped (they stay dropped)
-        while nulls < len(table) and table[nulls] is self.null_block:
+        while nulls < len(table) and table[nulls] is self.window.null_block:
             nulls += 1
         self.swapped_nulls[request.request_id] = nulls
         gpu = [uncopied.get(b, b) for b in self.get_block_ids(request)[nulls:]]
@@ -106,7 +106,7 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         cpu = self.swap_pool.free(request.request_id)
         blocks = self.pool.allocate(len(cpu))
         nulls = self.swapped_nulls.pop(request.request_id, 0)
-        self.req_to_blocks[request.request_id] = [self.null_block] * nulls + blocks
+        self.req_to_blocks[request.request_id] = [self.window.null_block] * nulls + blocks
         self.num_cached_blocks[request.request_id] = 0  # re-offered to the cache on the next allocation
         return [(c, b.block_id) for c, b in zip(cpu, blocks)]
 

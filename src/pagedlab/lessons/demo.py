@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pagedlab.llm import LLM
 from pagedlab.model.loader import BUNDLED_MODEL
 from pagedlab.sampling_params import SamplingParams
+from pagedlab.sched.policies import POLICIES
 from pagedlab.stages import default_stage, get_preset
 from pagedlab.viz.trace import to_trace
 
@@ -104,12 +105,12 @@ def _stage_settings(opts: DemoOptions) -> dict:
 
 def add_requests(llm: LLM, opts: DemoOptions) -> dict[str, str]:
     """Queue opts.num_requests requests of the scenario, each with its own seed; returns request_id -> prompt."""
-    prompts = {}
+    prompts, uses_priority = {}, POLICIES[llm.engine.config.scheduling_policy].uses_priority
     for i in range(opts.num_requests):
         prompt, length = SCENARIO[i % len(SCENARIO)]
         length = length if opts.max_tokens is None else opts.max_tokens
         params = SamplingParams(temperature=opts.temperature, max_tokens=length, seed=opts.seed + i, ignore_eos=True)
-        priority = i % 3 if opts.scheduling_policy == "priority" else 0  # a spread: lower is served first
+        priority = i % 3 if uses_priority else 0  # a spread: lower is served first
         llm.engine.add_request(str(i), prompt, params, priority=priority)
         prompts[str(i)] = prompt
     return prompts

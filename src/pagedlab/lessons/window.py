@@ -1,6 +1,6 @@
 """Stage 2: sliding windows: the blocks behind the window freed into the null block's place, on the demo scenario.
 
-Builds on: lessons/demo.py (the teaching scenario and its pool), kv/paged.py (remove_skipped_blocks), viz/palette.py.
+Builds on: lessons/demo.py (the teaching scenario and its pool), kv/window.py (what a window frees), viz/palette.py.
 Read with: chapters/02-paged-blocks.md (Sliding windows).
 
 The bundled model's weights, read as a Mistral with a window of WINDOW tokens (its config.json says so; the

@@ -34,18 +34,11 @@ import threading
 import time
 from pathlib import Path
 
+from pagedlab.sampling_params import check_text
+
 MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's source; real ones are a few KB
 MAX_RENDER_CHARS = 1 << 22  # a rendered prompt; far beyond any model's context
 RENDER_TIMEOUT_S = 5.0  # a rendering takes milliseconds; past this it is killed
-
-
-def check_text(value: str, name: str) -> str:
-    """A user string must be valid Unicode text: a lone surrogate ("\\ud800" in JSON) has no UTF-8 form."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{name}: not valid Unicode text (a lone surrogate at character {e.start})") from None
-    return value
 
 
 def load_chat_template(value: str | None) -> str | None:

@@ -49,7 +49,8 @@ class ContinuousScheduler(Scheduler):
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
         running, target, allocate = RequestStatus.RUNNING, self.sharing.target_tokens, self.kv.allocate_slots
-        for request in list(self.running):  # (local names: this loop runs for every request at every step)
+        scheduled, num_scheduled, new_block_ids = out.scheduled, out.num_scheduled_tokens, out.new_block_ids
+        for request in list(self.running):  # (local names, _record inlined: this runs for every request every step)
             if self._budget <= 0:
                 break
             if request.status is not running:
@@ -67,7 +68,10 @@ class ContinuousScheduler(Scheduler):
                 new_blocks = self._preempt_until_it_fits(request, num_new, out)
                 if new_blocks is None:
                     break  # the request itself was the one preempted
-            self._record(request, num_new, new_blocks, out)
+            if new_blocks:
+                new_block_ids[request.request_id] = new_blocks
+            scheduled.append(request)
+            num_scheduled[request.request_id] = num_new
             self._budget -= num_new
 
     def _preempt_until_it_fits(self, request: Request, num_new: int, out: SchedulerOutput) -> list[int] | None:

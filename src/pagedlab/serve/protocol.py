@@ -1,6 +1,6 @@
 """Serving: OpenAI's request and response shapes, checked at the door (chapters/08-online-serving.md).
 
-Builds on: sampling_params.py, model/chat_template.py (check_text).
+Builds on: sampling_params.py (check_text).
 Read with: chapters/08-online-serving.md, serve/server.py (the routes that use this).
 
 Everything a request's body can hold is checked here, before the engine sees
@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from pagedlab.model.chat_template import check_text
-from pagedlab.sampling_params import SamplingParams
+from pagedlab.sampling_params import SamplingParams, check_text
 
 # Request fields passed to SamplingParams as they are (OpenAI's names, plus vLLM's extras).
 SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")

@@ -1,1 +1,2 @@
-"""Tools around the engine: the command line, the live demo, course assignments, the bundled model's training."""
+"""Tools (apps): the command line (cli.py), the live demo (demo.py, demo_keys.py), chat (chat.py), fetching a
+model (fetch.py) and training the bundled model (train.py)."""

@@ -23,6 +23,7 @@ import torch
 
 from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.config import EngineConfig
+from pagedlab.kv.block_pool import cdiv
 from pagedlab.model.llama import CausalLM
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
 from pagedlab.worker.block_table import BlockTableBuffer
@@ -37,7 +38,8 @@ class ModelRunner:
         self.model = model
         self.attention = attention
         self.device = torch.device(config.device)
-        self.block_tables = BlockTableBuffer(config.max_num_seqs, config.max_blocks_per_request)
+        # a row per running request, as wide as the longest request's table
+        self.block_tables = BlockTableBuffer(config.max_num_seqs, cdiv(config.max_model_len, config.block_size))
         self.generator = torch.Generator().manual_seed(config.seed)  # for requests without a seed
         self.forward_seconds = 0.0  # time inside the model (for the overhead measurement)
         kv = attention.kv_cache

@@ -144,7 +144,7 @@ def test_a_sliding_window_run_keeps_its_null_block_out_of_the_free_queue():
 
     llm, prompts, texts = run_demo_quietly(model=str(windowed_bundled_model(16)))
     trace = viz_trace.from_json(viz_trace.dumps(viz_trace.to_trace(llm, prompts, texts)))
-    assert trace["config"]["sliding_window"] == 16 and llm.engine.kv_manager.null_block.block_id == 0
+    assert trace["config"]["sliding_window"] == 16 and llm.engine.kv_manager.window.null_block.block_id == 0
     for step in trace["steps"]:
         assert step["pool"]["ref"][0] == 0 and 0 not in step["pool"]["free"]
         assert len(step["pool"]["free"]) == 24 - 1 - step["num_used_blocks"]

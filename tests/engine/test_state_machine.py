@@ -37,9 +37,9 @@ from hypothesis.stateful import (
 from pagedlab import BeamSearchParams, LLMEngine, SamplingParams, load_model, oracle
 from pagedlab.stages import engine_config
 from tests.conftest import need_triton
+from tests.engine.test_stage3 import assert_beams_match
 from tests.equivalence import NEAR_TIE, assert_matches_oracle
 from tests.sched.test_continuous import forks_preempted_in_their_step, pending_forks
-from tests.test_stage3 import assert_beams_match
 
 MAX_MODEL_LEN = 48
 PROMPTS = [

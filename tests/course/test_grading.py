@@ -97,6 +97,7 @@ FILE = "import torch\nimport numpy as np\nfrom pagedlab.kv.block_pool import KVC
         ("class Sneaky:\n    pass", "ClassDef is not accepted"),
         ("global x", "global is not accepted"),
         ("y = (lambda: 0).__code__", "'__code__' is not accepted"),
+        ("y = x.__", "'__' is not accepted"),
     ],
 )
 def test_screening_refuses_each_way_out(body, why):
@@ -122,6 +123,8 @@ def test_screening_refuses_code_outside_the_region_and_a_missing_function():
 def test_screening_accepts_an_honest_body_with_its_own_names():
     body = "    total = 0\n    for i, v in enumerate(x):\n        total += len([v]) * KVCacheBlock(i).block_id\n"
     assert screen(body + "    return sorted({total, np.int64(1)})", "    ", FILE) == []
+    # a class's private attribute (Python renames self.__next to self._Class__next): kv/cow.py binds super()'s
+    assert screen("    return x.__next_allocate_slots(x, 1)", "    ", FILE) == []
 
 
 # -- the tree the teacher builds ------------------------------------------------------------------------

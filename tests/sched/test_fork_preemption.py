@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams, oracle
+from tests.engine.test_stage3 import assert_beams_match
 from tests.equivalence import assert_matches_oracle
-from tests.test_stage3 import assert_beams_match
 
 pytestmark = pytest.mark.stage5
 

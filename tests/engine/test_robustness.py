@@ -15,7 +15,7 @@ from pagedlab import LLM, BeamSearchParams, SamplingParams
 from pagedlab.stages import STAGES
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
-SRC = Path(__file__).resolve().parents[1] / "src" / "pagedlab"
+SRC = Path(__file__).resolve().parents[2] / "src" / "pagedlab"
 
 
 def run_all(engine, limit: int = 500) -> dict:

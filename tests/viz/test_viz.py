@@ -109,7 +109,7 @@ CHAPTER7 = ["07_kv_per_token.png", "07_shared_prefix.png", "07_second_turn.png",
 
 @pytest.mark.stage1
 def test_make_figures_writes_every_registered_png(tmp_path):
-    need_dot()  # without dot: tests/test_no_graphviz.py
+    need_dot()  # without dot: tests/viz/test_no_graphviz.py
     open_before = len(plt.get_fignums())
     paths = make_figures(tmp_path / "figures")
     assert [p.name for p in paths] == [

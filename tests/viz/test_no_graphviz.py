@@ -22,7 +22,7 @@ from pagedlab.model.registry import SMOLLM2, is_fetched
 from pagedlab.viz import graphs
 from tests.conftest import need_dot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRAWN_BY_DOT = ["03_cow_before_after.png", "03_beam_tree.png", "04_hash_chain.png"]  # in FIGURES order
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -17,11 +17,11 @@ from pathlib import Path, PurePosixPath
 
 import nbformat
 import pytest
-from scripts import book
 
+from scripts import book
 from tests.test_chapters import anchors
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 FASTEST = PurePosixPath("notebooks/04_prefix_caching.ipynb")

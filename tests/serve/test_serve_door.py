@@ -15,7 +15,7 @@ import pytest
 
 from pagedlab import LLM, SamplingParams
 from pagedlab.model import chat_template
-from tests.test_serve import ENGINE, Server, get, idle, wait_until
+from tests.serve.test_serve import ENGINE, Server, get, idle, wait_until
 
 GREEDY = dict(model="tiny-shakespeare", temperature=0)
 

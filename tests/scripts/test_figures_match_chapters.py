@@ -26,7 +26,7 @@ from scripts.chapter_tables import chapter_tables
 from pagedlab.bench.common import read_rows, write_rows_beside
 from pagedlab.bench.figures import figure_benches, redraw_bench_figure, rows_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ROOT / "figures"
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 TABLE = re.compile(r"^<!-- from figures/(\w+)\.json: ([\w ]+) -->\n((?:.+\n?)+)", re.M)
@@ -128,7 +128,7 @@ def test_pagedlab_figures_redraws_the_bench_figures_from_the_json_in_its_out_fol
     import pagedlab.lessons
     from pagedlab.tools.cli import main
 
-    monkeypatch.setattr(pagedlab.lessons, "make_figures", lambda out: [])  # the scenario figures: tests/test_viz.py
+    monkeypatch.setattr(pagedlab.lessons, "make_figures", lambda out: [])  # the scenario figures: tests/viz/test_viz.py
     for stem in BENCH_FIGURES.values():
         shutil.copy(FIGURES / f"{stem}.json", tmp_path)
     with pytest.raises(SystemExit) as exit_info:

@@ -10,9 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
+
 from scripts import check_vllm_refs as vllm_refs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted((ROOT / "chapters").glob("*.md")) + [ROOT / "README.md"]
 TEACHING = sorted(p for p in (ROOT / "chapters").glob("0*.md"))  # chapters 00..0N end with a tour and a ledger
 

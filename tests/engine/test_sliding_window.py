@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagedlab import LLM, SamplingParams
-from pagedlab.kv.paged import PagedKVCacheManager, cdiv
+from pagedlab.kv.block_pool import cdiv
+from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.model.config import ModelConfig
@@ -64,8 +65,8 @@ def test_greedy_tokens_equal_transformers_and_nothing_leaks(folders, kind, stage
     llm, got = run(folder, stage=stage, block_size=block_size)
     assert got == want
     kv = llm.engine.kv_manager
-    assert llm.engine.config.sliding_window == WINDOW and kv.null_block is not None
-    assert kv.num_used_blocks == 0 and kv.null_block.ref_cnt == 0  # every block back, the null block untouched
+    assert llm.engine.config.sliding_window == WINDOW and kv.window.null_block is not None
+    assert kv.num_used_blocks == 0 and kv.window.null_block.ref_cnt == 0  # every block back, the null block untouched
 
 
 @pytest.mark.stage2
@@ -73,7 +74,7 @@ def test_greedy_tokens_equal_transformers_and_nothing_leaks(folders, kind, stage
 def test_a_model_with_one_full_layer_keeps_every_block_and_still_equals_transformers(folders, stage):
     folder, want = folders["qwen2-mixed"]
     llm, got = run(folder, stage=stage, block_size=4)
-    assert got == want and llm.engine.config.sliding_window == 0 and llm.engine.kv_manager.null_block is None
+    assert got == want and llm.engine.config.sliding_window == 0 and llm.engine.kv_manager.window.null_block is None
 
 
 def test_the_window_changes_the_tokens(folders, tmp_path):
@@ -132,7 +133,7 @@ def grow(kv, r, n):
 
 def test_blocks_behind_the_window_become_the_null_block_tail_first():
     kv = PagedKVCacheManager(num_kv_blocks=10, block_size=4, max_model_len=64, sliding_window=6)
-    assert kv.null_block.block_id == 0 and kv.num_free_blocks == 9
+    assert kv.window.null_block.block_id == 0 and kv.num_free_blocks == 9
     a = req("a", 12)
     assert grow(kv, a, 12) == [1, 2, 3]  # positions 0-11; nothing skipped before the first step
     assert grow(kv, a, 1) == [4]  # position 12 sees 7..12: block 0 (0-3) and block 1 (4-7)? 7 is in block 1
@@ -142,7 +143,7 @@ def test_blocks_behind_the_window_become_the_null_block_tail_first():
     assert kv.get_block_ids(a) == [0, 0, 3, 4]
     kv.free(a)
     kv.check_invariants()
-    assert kv.num_used_blocks == 0 and kv.null_block.ref_cnt == 0
+    assert kv.num_used_blocks == 0 and kv.window.null_block.ref_cnt == 0
 
 
 def admit(kv, r, k):
@@ -155,7 +156,7 @@ def admit(kv, r, k):
         return
     r.num_computed_tokens = kv.take_hits(r, hits)
     assert grow(kv, r, k) is not None and kv.num_free_blocks == free - need
-    skipped = max(0, r.num_computed_tokens - k - kv.sliding_window + 1) // kv.block_size
+    skipped = kv.window.num_skipped_blocks(r.num_computed_tokens - k)
     assert kv.get_block_ids(r)[:skipped] == [0] * skipped
 
 
@@ -209,7 +210,8 @@ def test_random_programs_never_leak_nor_touch_the_null_block(block_size, window,
             n += 1
             live[who] = req(f"r{n}", 120)
         kv.check_invariants()
-        assert kv.null_block.ref_cnt == 0 and kv.null_block not in kv.pool.free_block_queue.get_all_free_blocks()
+        null = kv.window.null_block
+        assert null.ref_cnt == 0 and null not in kv.pool.free_block_queue.get_all_free_blocks()
     for r in live.values():
         kv.free(r)
     kv.check_invariants()
@@ -294,7 +296,7 @@ def test_chapter_2_quotes_the_figures_run():
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rows = {r["run"]: r for r in json.loads((root / "figures" / "02_sliding_window.json").read_text())["rows"]}
     chapter = (root / "chapters" / "02-paged-blocks.md").read_text()
     for name, label in (("full", "no window"), ("window", "window of 16 tokens")):

@@ -19,7 +19,7 @@ from pagedlab.lessons.predict import BY_NAME, PREDICTIONS
 
 matplotlib.use("Agg")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # None where the notebook is absent (a student workspace of `pagedlab assignment make`): collection must not fail
 # there, since the grader runs `-m stageN` over every test file and these tests are deselected.
 NOTEBOOKS = {n: next(ROOT.glob(f"notebooks/{n}_*.ipynb"), None) for n in PREDICTIONS}
@@ -166,6 +166,6 @@ def test_no_answer_before_its_check(number):
 
 
 def test_every_prediction_is_documented_for_teachers():
-    text = (Path(__file__).parent.parent / "chapters" / "98-assignments.md").read_text()
+    text = (Path(__file__).parents[2] / "chapters" / "98-assignments.md").read_text()
     for name in BY_NAME:
         assert f"`{name}`" in text, name
