@@ -1,6 +1,7 @@
 """Shared test set-up: offline Hugging Face, a deterministic hypothesis profile, tiny model builders."""
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -83,6 +84,14 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_TRITON and report.skipped and item.get_closest_marker(triton_marker()) is not None:
         report.outcome = "failed"
         report.longrepr = f"PAGEDLAB_REQUIRE_TRITON=1: stage-6 test {item.nodeid} was skipped"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Every pyplot figure a test opened is closed after it (pyplot keeps them all, and warns past 20)."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture(scope="session")
