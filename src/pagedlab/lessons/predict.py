@@ -1,29 +1,38 @@
-"""Stage 2: predict, then check: the prediction points of notebooks 02 to 05.
+"""Stage 2: predict, then see: the prediction points of notebooks 02 to 05.
 
 Builds on: sched/ (a copy of the scheduler, stepped once, says what the next step will do), kv/ (block tables,
 the free queue, the prefix cache), engine/engine.py (`process_inputs`: a request built without queueing it).
 Read with: chapters/98-assignments.md (Prediction points), the notebooks 02_paged_blocks to 05_continuous_batching.
 
-A notebook poses a question, the learner writes an answer into a variable, and `check(name, answer, state)`
-compares it with the truth, computed from the engine at that moment, never written down:
+A notebook asks first, and shows nothing of the answer until the learner has given one:
 
-    guess = ...  # your answer
-    check("02-next-block", guess, llm)     ✓ right: ...        or   ✗ not quite: <a hint>
+    q = ask("02-next-block", llm)     the question; its truth is worked out now, from the engine, and kept
+    q.answer(...)                     your answer in place of `...`: ✓ or ✗, then what the engine does and why
+    engine.step()
+    with q.hidden():                  what the step did, printed only once q is answered
+        show()
 
-A question about the *next* step is answered by a lookahead: a deep copy of the scheduler (and so of its KV
-manager and requests) runs `schedule()` once. Scheduling needs no model: which blocks are allocated, copied or
-freed, who is admitted or preempted, depends only on token counts. The live engine is never touched.
+The truth is computed at `ask`, never written down: change a knob above and the question follows. A question
+keeps the state it was asked about, so answering again after stepping on gives the same verdict. A question
+about the *next* step is answered by a lookahead: a deep copy of the scheduler (and so of its KV manager and
+requests) runs `schedule()` once. Scheduling needs no model: which blocks are allocated, copied or freed, who
+is admitted or preempted, depends only on token counts. The live engine is never touched.
 
-A hint says something true and useful about the question; any sentence of it that would give the answer away
-(one that contains the answer's text) is dropped. Teachers get the answer with `answer(name, state)`.
+A hint says something true and useful; a sentence of it that contains the answer's text is dropped. Teachers
+get the answer with `answer(name, state)`. In CI, where nobody types, PAGEDLAB_ANSWERS answers every `...`:
+"right" (the truth), "wrong" (something else), or a JSON file of {name: answer}.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import json
+import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagedlab.lessons.stage4 import STAGE4_PREFIX
@@ -31,7 +40,8 @@ from pagedlab.sampling_params import SamplingParams
 
 STALE = "this question is about the engine right after the cell above it: run the notebook again up to here"
 NO_HINT = "look again at the state printed above."
-PLACEHOLDER = "write your answer into the variable first (replace the `...`), then run this cell again"
+PLACEHOLDER = "write your answer in place of the `...`, then run this cell again"
+HIDDEN = "(hidden until you answer {name} above)"
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,8 @@ class Prediction:
     truth: Callable[[Any], Any]  # state (an LLM or its engine) -> the true answer, now
     hints: Callable[[Any], list[str]]  # state -> sentences that help without telling
     kind: str = "exact"  # "exact" (a list or a value), "set" (order does not matter) or "int"
-    explain: str = ""  # shown after a right answer
+    explain: str = ""  # why: shown with the answer, right or wrong
+    code: str = ""  # where it happens: the file and function a learner reads next
 
 
 # --- reading the state ----------------------------------------------------------------------------------
@@ -477,3 +488,108 @@ def verdict(name: str, guess, state) -> tuple[str, str]:
 def check(name: str, guess, state) -> None:
     """Print whether `guess` answers prediction `name` in this state, with a hint if not."""
     print(f"{name}: {verdict(name, guess, state)[1]}")
+
+
+# --- asking, then answering ----------------------------------------------------------------------------------
+
+
+NOT_ANSWERED = object()
+
+
+@dataclass
+class Question:
+    """One prediction point as asked: its truth and hints worked out from the state at `ask`, then kept."""
+
+    prediction: Prediction
+    truth: Any  # what the engine will do (computed from the state it was asked about)
+    hints: list[str]  # the hint's sentences for that state, less any that would give the answer away
+    guess: Any = NOT_ANSWERED  # the learner's last answer
+    verdicts: list[str] = field(default_factory=list)  # "right" or "wrong", one per answer given
+
+    @property
+    def answered(self) -> bool:
+        return self.guess is not NOT_ANSWERED
+
+    def answer(self, guess=...) -> str:
+        """Judge `guess` against the truth of the state this question was asked about, and reveal it: ✓ or ✗,
+        the answer, why, and where in the code. `...` (the placeholder) asks for an answer instead."""
+        if guess is ...:
+            guess = supplied_answer(self)
+        if guess is ... or guess is None:
+            message = f"{self.prediction.name}: {PLACEHOLDER}"
+        else:
+            right = _same(self.prediction.kind, guess, self.truth)
+            self.guess = guess
+            self.verdicts.append("right" if right else "wrong")
+            message = self._reveal(right)
+        print(message)
+        return self.verdicts[-1] if self.verdicts else "missing"
+
+    def _reveal(self, right: bool) -> str:
+        p = self.prediction
+        head = "✓ right" if right else f"✗ not quite (you said {_show(self.guess)}): {' '.join(self.hints) or NO_HINT}"
+        where = f" Read: {p.code}." if p.code else ""
+        return f"{p.name}: {head}\n   the engine: {_show(self.truth)}. {p.explain}{where}".rstrip()
+
+    @contextlib.contextmanager
+    def hidden(self):
+        """Print what the block prints only once this question is answered (before that, one line saying so)."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            yield
+        print(out.getvalue(), end="") if self.answered else print(HIDDEN.format(name=self.prediction.name))
+
+
+_ASKED: dict[tuple[str, int], tuple[int, Question]] = {}  # (name, engine id) -> (its step then, the question)
+
+
+def ask(name: str, state) -> Question:
+    """Pose prediction `name` about `state` (an LLM, its engine, or the beams' engine): print the question and
+    keep its truth. Asked again before the engine has moved, it is the same question (so a re-run answers the
+    same); asked after, it is asked anew about the state it now has."""
+    engine = _engine(state)
+    key, now = (name, id(engine)), _steps(engine)
+    if key in _ASKED and _ASKED[key][0] == now:
+        question = _ASKED[key][1]
+    else:
+        prediction = BY_NAME[name]
+        truth = prediction.truth(state)
+        question = Question(prediction, truth, _hint_sentences(prediction, truth, state))
+        _ASKED[key] = (now, question)
+    print(f"{name}: {question.prediction.question}")
+    return question
+
+
+def _steps(engine) -> int:
+    stats = getattr(engine, "stats", None)
+    return stats.num_steps if stats is not None else len(getattr(engine, "trace", ()) or ())
+
+
+def supplied_answer(question: Question):
+    """The answer CI gives for `...`: PAGEDLAB_ANSWERS = "right" | "wrong" | a JSON file {name: answer}."""
+    how = os.environ.get("PAGEDLAB_ANSWERS", "")
+    if how == "right":
+        return question.truth
+    if how == "wrong":
+        return wrong_answer(question.truth)
+    if how:
+        with open(how, encoding="utf-8") as f:
+            return json.load(f).get(question.prediction.name, ...)
+    return ...
+
+
+def wrong_answer(truth):
+    """A value of the truth's kind that is not the truth."""
+    if isinstance(truth, bool) or not isinstance(truth, int | set | frozenset | list):
+        return "not this"
+    if isinstance(truth, int):
+        return truth + 1
+    if isinstance(truth, set | frozenset):
+        return set(truth) ^ {"no such request"}
+    return [*truth, -1]
+
+
+def _hint_sentences(prediction: Prediction, truth, state) -> list[str]:
+    words = _words(truth)
+    pattern = re.compile("|".join(rf"(?<!\w){re.escape(w)}(?!\w)" for w in words))
+    return [s for s in prediction.hints(state) if not pattern.search(s)]
