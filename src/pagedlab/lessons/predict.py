@@ -182,6 +182,7 @@ NOTEBOOK_02 = [
         ],
         kind="set",
         explain="Their worst cases add up to the whole pool; the rest wait for the batch to empty.",
+        code="sched/static.py StaticScheduler.schedule and kv/paged.py can_admit",
     ),
     Prediction(
         "02-next-block",
@@ -194,6 +195,7 @@ NOTEBOOK_02 = [
         ],
         kind="int",
         explain="B's last block was full, so allocate_slots took the block at the head of the free queue.",
+        code="kv/paged.py PagedKVCacheManager.allocate_slots, kv/block_pool.py BlockPool.allocate",
     ),
     Prediction(
         "02-free-after-finish",
@@ -204,6 +206,7 @@ NOTEBOOK_02 = [
             "`free` then gives a finished request's blocks to the tail, last block first.",
         ],
         explain="Freed last block first, so the blocks freed most recently are reused last.",
+        code="kv/paged.py PagedKVCacheManager.free, kv/block_pool.py BlockPool.free",
     ),
     Prediction(
         "02-E-table",
@@ -215,6 +218,7 @@ NOTEBOOK_02 = [
             "They are taken one by one from the head of `free_queue()`, in the order it lists them.",
         ],
         explain="The head of the queue held B's old blocks, freed last block first: a table need not be in order.",
+        code="kv/paged.py allocate_slots, kv/block_pool.py FreeKVCacheBlockQueue.popleft",
     ),
     Prediction(
         "02-next-slot",
@@ -227,6 +231,7 @@ NOTEBOOK_02 = [
         ],
         kind="int",
         explain="E's next token opened a new logical block, taken from the head of the queue: its offset 0.",
+        code="worker/runner.py ModelRunner.slot_mapping",
     ),
 ]
 
@@ -242,6 +247,7 @@ NOTEBOOK_03 = [
         ],
         kind="int",
         explain="All but the last prompt token: each child feeds that one itself, after the fork.",
+        code="sched/sharing.py PromptSharing.target_tokens",
     ),
     Prediction(
         "03-copies-step2",
@@ -255,6 +261,7 @@ NOTEBOOK_03 = [
         ],
         kind="int",
         explain="The children that write while others still hold the block copy it; the last holder writes in place.",
+        code="kv/cow.py CowKVCacheManager._copy_on_write",
     ),
     Prediction(
         "03-shared-after-step2",
@@ -266,6 +273,7 @@ NOTEBOOK_03 = [
         ],
         kind="set",
         explain="Only the full block stays shared; the one being written was copied.",
+        code="kv/cow.py CowKVCacheManager.allocate_slots",
     ),
     Prediction(
         "03-last-block-slots",
@@ -278,6 +286,7 @@ NOTEBOOK_03 = [
         ],
         kind="int",
         explain="The copy brought the prompt's slots of the shared block; 0_A then wrote its own next token.",
+        code="kv/cow.py BlockCopy, worker/runner.py copy_blocks",
     ),
     Prediction(
         "03-copies-step3",
@@ -289,6 +298,7 @@ NOTEBOOK_03 = [
         ],
         kind="int",
         explain="After a copy-on-write each child writes into a block of its own.",
+        code="kv/cow.py CowKVCacheManager.allocate_slots",
     ),
     Prediction(
         "03-beam-new-blocks",
@@ -300,6 +310,7 @@ NOTEBOOK_03 = [
         ],
         kind="set",
         explain="The prompt ended on a block boundary: each beam took a fresh block, nothing to copy.",
+        code="sched/beam.py BeamGroup, kv/cow.py fork",
     ),
 ]
 
@@ -316,6 +327,7 @@ NOTEBOOK_04 = [
         ],
         kind="int",
         explain="B's hashes equal A's up to the first block that differs; the lookup stops there.",
+        code="kv/prefix.py PrefixCachingKVCacheManager.get_computed_blocks, kv/hashing.py",
     ),
     Prediction(
         "04-B-table",
@@ -326,6 +338,7 @@ NOTEBOOK_04 = [
             "The blocks B still needs come from the head of `free_queue()`, after the hits have left it.",
         ],
         explain="The hits keep their block ids; the new block comes from the head of the free queue.",
+        code="kv/prefix.py PrefixCachingKVCacheManager.allocate_slots (hits first, then new blocks)",
     ),
     Prediction(
         "04-C-lookup",
@@ -338,6 +351,7 @@ NOTEBOOK_04 = [
         ],
         kind="int",
         explain="The last prompt token's logits are needed, so the block holding it is computed again.",
+        code="kv/prefix.py get_computed_blocks ((num_tokens - 1) // block_size)",
     ),
     Prediction(
         "04-cached-free",
@@ -349,6 +363,7 @@ NOTEBOOK_04 = [
         ],
         kind="set",
         explain="Freed blocks keep their hashes until allocation reuses (evicts) them.",
+        code="kv/prefix.py the caching pool: free keeps a block's hash until it is reused",
     ),
     Prediction(
         "04-E-hits",
@@ -360,6 +375,7 @@ NOTEBOOK_04 = [
         ],
         kind="int",
         explain="A different first hash changes every hash after it: nothing hits.",
+        code="kv/hashing.py hash_block_tokens (the salt is the first block's extra key)",
     ),
 ]
 
@@ -376,6 +392,7 @@ NOTEBOOK_05 = [
         ],
         kind="int",
         explain="Requests 0 and 1 take a full chunk each; request 2 gets what is left of the budget.",
+        code="sched/continuous.py ContinuousScheduler._schedule_waiting",
     ),
     Prediction(
         "05-step2-admitted",
@@ -387,6 +404,7 @@ NOTEBOOK_05 = [
         ],
         kind="set",
         explain="The running requests took most of the budget; the rest went to the head of the queue.",
+        code="sched/continuous.py ContinuousScheduler.schedule (running first, then waiting)",
     ),
     Prediction(
         "05-preempted-step10",
@@ -398,6 +416,7 @@ NOTEBOOK_05 = [
         ],
         kind="set",
         explain="Under FCFS the newest running request gives its seat back.",
+        code="sched/continuous.py _preempt_until_it_fits, sched/queue.py (the victim rule)",
     ),
     Prediction(
         "05-admitted-step10",
@@ -410,6 +429,7 @@ NOTEBOOK_05 = [
         ],
         kind="int",
         explain="A step that preempts admits nobody, although blocks were freed.",
+        code="sched/continuous.py ContinuousScheduler.schedule (no admission in a step that preempted)",
     ),
     Prediction(
         "05-step11-admitted",
@@ -424,6 +444,7 @@ NOTEBOOK_05 = [
         kind="set",
         explain="The head of the queue finds too few free blocks for its hits and first chunk, and nobody may "
         "pass it (head-of-line: the queue's order is the policy).",
+        code="sched/continuous.py ContinuousScheduler._schedule_waiting",
     ),
 ]
 
