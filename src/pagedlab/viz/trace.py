@@ -65,13 +65,11 @@ import json
 from pathlib import Path
 
 from pagedlab.engine.events import EVENT_KINDS, block_list, step_events
+from pagedlab.engine.replay import CONFIG_FIELDS
 from pagedlab.model.files import read_json_file
 
 TRACE_VERSION = 1
 TRACE_EVENT_KINDS = (*EVENT_KINDS, "evict")
-CONFIG_FIELDS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                 "long_prefill_token_threshold", "enable_prefix_caching", "preemption_mode", "num_swap_blocks",
-                 "scheduling_policy", "sliding_window")  # fmt: skip
 STEP_LISTS = ("prefills", "waiting", "running", "preempted", "swapped", "were_preempted")
 STEP_MAPS = ("scheduled", "finished", "tables", "used", "groups")
 STEP_PAIRS = ("copies", "swap_out", "swap_in")
