@@ -112,21 +112,21 @@ def make_scheduler(config: dict, model_dir: str) -> Scheduler:
 
 def make_request(spec: dict, block_size: int, index: int) -> Request:
     params = SamplingParams(
-        max_tokens=spec["max_tokens"], ignore_eos=spec["ignore_eos"], stop_token_ids=spec["stop_token_ids"],
+        max_tokens=spec["max_tokens"], ignore_eos=spec["ignore_eos"], stop_token_ids=list(spec["stop_token_ids"]),
         temperature=0.0,
     )  # fmt: skip
-    request = Request(
+    eos = spec["eos_token_ids"]
+    if eos:  # as vLLM's input processor does: the first EOS id stops; others join the stop ids (unless ignored)
+        params.update_from_generation_config({"eos_token_id": eos}, eos[0])
+    return Request(
         request_id=spec["id"],
         prompt_token_ids=list(spec["prompt_token_ids"]),
         sampling_params=params,
         pooling_params=None,
-        arrival_time=float(index),  # the order requests were added in: no two alike
+        arrival_time=float(index),  # the order requests were added in (as pagedlab's replay): no two alike
         priority=spec["priority"],
         block_hasher=get_request_block_hasher(block_size, sha256),
     )
-    eos = spec["eos_token_ids"]
-    request.eos_token_id = eos[0] if eos else None
-    return request
 
 
 class Replay:
@@ -169,7 +169,7 @@ class Replay:
 
     def add(self, rid: str) -> None:
         spec = self.specs[rid]
-        request = make_request(spec, self.config["block_size"], self.order.index(rid))
+        request = make_request(spec, self.config["block_size"], len(self.requests))
         self.requests[rid] = request
         self.scheduler.add_request(request)
 

@@ -146,8 +146,10 @@ class ContinuousScheduler(Scheduler):
         num_new = self._chunk(target - hit_tokens, budget)
         # Admitted only if blocks for its whole current length fit, not just the first chunk's (vLLM's
         # scheduler_reserve_full_isl): a request admitted on its first chunk alone would soon preempt someone.
+        # With a sliding window, blocks behind it are freed as it moves: it never holds more than max_blocks_held.
         whole = min(request.num_tokens, self.config.max_model_len) - hit_tokens
-        return num_new, hits, self.kv.blocks_to_admit(request, hits, max(num_new, whole))
+        cap = self.kv.window.max_blocks_held(self.config.max_num_batched_tokens, self.config.max_model_len)
+        return num_new, hits, self.kv.blocks_to_admit(request, hits, max(num_new, whole), cap)
 
     def _admit(self, request: Request, hits: list, out: SchedulerOutput) -> None:
         """From waiting to running: swapped back in, or starting its table with its cache hits."""

@@ -26,7 +26,9 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
               "finish_reason": "length"}},       "stop" | "length" | "abort", null while unfinished
       "hashes": ["3fa9c1d2e4b0"],    short names (12 hex digits) of the block hashes cached in any step,
                                      first seen first; pool.hash indexes this list
-      "steps": [step, ...]           the recorded steps, oldest first (the ring keeps the last max_trace_steps)
+      "steps": [step, ...],          the recorded steps, oldest first (the ring keeps the last max_trace_steps)
+      "recording": {...}             the run as data, for a replay through pagedlab's or vLLM's scheduler
+                                     (engine/replay.py's format), or null; absent reads as null
     }
 
     step = {
@@ -47,6 +49,8 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "swap_out": [[7, 0]],          [GPU block, CPU block] copied out this step
       "swap_in": [[0, 4]],           [CPU block, GPU block] copied back this step
       "num_used_blocks": 24,         blocks held in the pool
+      "num_cached_tokens": {"5": 48},  scheduled request -> prompt tokens the prefix cache served it when first
+                                     admitted (absent reads as {})
       "pool": {                      null at stage 1 (regions, no block pool)
         "free": [12, 3],             the free queue, head (allocated next) to tail
         "ref": [1, 2, 0, ...],       block_id -> ref_cnt (num_kv_blocks entries; the null block's is 0)
@@ -90,7 +94,17 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
         "requests": _requests(trace, prompts or {}, texts or {}, engine.tokenizer),
         "hashes": [_short_hash(h) for h in hashes],
         "steps": steps,
+        "recording": _recording(engine),
     }
+
+
+def _recording(engine) -> dict | None:
+    """The run as data for a replay (engine/replay.py), when the engine kept one and every request can be
+    replayed (single requests: no n > 1, no beams, no cache_salt); else None."""
+    recorder = getattr(engine, "recorder", None)
+    if recorder is None or recorder.replayable is not None:
+        return None
+    return recorder.recording(engine.config)
 
 
 def _step(t, events: list[dict], hashes: dict) -> dict:
@@ -107,6 +121,7 @@ def _step(t, events: list[dict], hashes: dict) -> dict:
         "swap_out": [list(p) for p in t.swap_out],
         "swap_in": [list(p) for p in t.swap_in],
         "num_used_blocks": t.num_used_blocks,
+        "num_cached_tokens": dict(t.num_cached_tokens),
         "pool": None if t.free_queue is None else _pool(t, hashes),
         "events": events,
     }
@@ -225,7 +240,8 @@ CONFIG_TYPES = {"block_size": INT, "num_kv_blocks": INT, "max_num_seqs": INT, "m
                 "preemption_mode": STR, "num_swap_blocks": INT, "scheduling_policy": STR}  # fmt: skip
 REQUEST_TYPES = {"group": STR, "prompt": STR + NONE, "num_prompt_tokens": INT + NONE, "text": STR + NONE,
                  "first_step": INT + NONE, "last_step": INT + NONE, "finish_reason": STR + NONE}  # fmt: skip
-MAP_VALUES = {"scheduled": INT, "finished": STR + NONE, "tables": (list,), "used": INT, "groups": STR}
+MAP_VALUES = {"scheduled": INT, "finished": STR + NONE, "tables": (list,), "used": INT, "groups": STR,
+              "num_cached_tokens": INT}  # fmt: skip
 EVENT_TYPES = {"kind": STR, "request": STR + NONE, "blocks": (list,), "text": STR}
 
 
@@ -250,6 +266,7 @@ def validate(trace) -> None:
         _expect(name, STR, f"hashes[{i}]")
     for i, step in enumerate(trace["steps"]):
         _check_step(step, f"steps[{i}]", trace)
+    _expect(trace.get("recording"), (dict,) + NONE, "recording")
 
 
 def _check_step(step, where: str, trace: dict) -> None:
@@ -260,6 +277,8 @@ def _check_step(step, where: str, trace: dict) -> None:
         for j, rid in enumerate(_get(step, name, (list,), where)):
             _request_id(rid, known, f"{where}.{name}[{j}]")
     for name, kinds in MAP_VALUES.items():
+        if name == "num_cached_tokens" and name not in step:
+            continue  # optional: older traces have none
         for rid, value in _get(step, name, (dict,), where).items():
             _request_id(rid, known, f"{where}.{name}")
             _expect(value, kinds, f"{where}.{name}[{rid!r}]")
