@@ -94,7 +94,8 @@ def _tight(rng):
 
 def _chunked(rng):
     budget = rng.randint(4, 24)
-    config = _config(rng, max_num_batched_tokens=budget, max_num_seqs=rng.randint(2, min(8, budget)), long_prefill_token_threshold=rng.choice((0, 0, 4, 8)),
+    config = _config(rng, max_num_batched_tokens=budget, max_num_seqs=rng.randint(2, min(8, budget)),
+                     long_prefill_token_threshold=rng.choice((0, 0, 4, 8)),
                      num_kv_blocks=rng.randint(10, 60))  # fmt: skip
     return config, _shapes(rng, rng.randint(2, 7), prompt=(8, 90), arrivals=(1, 6))
 
