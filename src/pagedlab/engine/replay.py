@@ -92,7 +92,8 @@ class ReplayEngine:
 
     tokenizer = None
 
-    def __init__(self, recording: dict):
+    def __init__(self, recording: dict, prefix_index: type | None = None):
+        """`prefix_index`: another prefix index class for the KV manager (a test's), else the preset's."""
         from pagedlab.stages import engine_config, get_preset, make_kv_manager, make_scheduler
 
         c = recording["config"]
@@ -102,6 +103,8 @@ class ReplayEngine:
         config = engine_config(5, c["max_model_len"], 1, **fields)  # 1 byte per token: no cache is allocated
         self.config = replace(config, sliding_window=c.get("sliding_window", 0), record_trace=True)
         preset = get_preset(5)
+        if prefix_index is not None:
+            preset = replace(preset, kv_parts=preset.kv_parts | {"prefix_index": prefix_index})
         self.kv_manager = make_kv_manager(self.config, preset)
         self.scheduler = make_scheduler(self.config, preset, self.kv_manager)
         self.specs = {r["id"]: r for r in recording["requests"]}
