@@ -223,6 +223,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
     trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
+    if args.compare == "vllm":
+        return _trace_vllm(trace, args.html)
     if args.compare:
         from pagedlab.viz.page import _run_label, write_compare_html
 
@@ -236,6 +238,25 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         path = write_html(trace, args.html, title=title)
         steps = f"{len(trace['steps'])} steps"
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, {steps})")
+    return 0
+
+
+def _trace_vllm(trace: dict, path) -> int:
+    """--compare vllm: the same run through vLLM 0.33.0's own scheduler, beside it (`pagedlab fetch vllm` first)."""
+    from pagedlab.viz.compare import divergences, summary, vllm_trace
+    from pagedlab.viz.page import _run_label, _write, render_compare_html
+
+    theirs = vllm_trace(trace)
+    found = divergences(trace, theirs)
+    runs = [(f"pagedlab: {_run_label(trace)}", trace), (theirs["stage_name"], theirs)]
+    page = render_compare_html(runs, "pagedlab and vLLM's scheduler on the demo's scenario", found=found)
+    out = _write(page, path)
+    s, first = summary(found), found[0] if found else None
+    verdict = "the same decisions at every step" if not found else (
+        f"{len(found)} divergences, the first at step {first['step']} ({first['field']}: "
+        f"{first['ledger'] or 'unexplained'}); same schedule: {'yes' if s['same_schedule'] else 'no'}")  # fmt: skip
+    print(f"wrote {out} ({out.stat().st_size / 1024:.1f} KiB, {len(trace['steps'])} and {len(theirs['steps'])} "
+          f"steps): {verdict}")  # fmt: skip
     return 0
 
 
@@ -266,8 +287,9 @@ def _add_trace(sub) -> None:
     trace.add_argument(
         "--compare",
         default=None,
-        metavar="NAME=VALUE",
-        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by side",
+        metavar="NAME=VALUE|vllm",
+        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by "
+        "side; or `vllm`: the same run through vLLM 0.33.0's own scheduler (after `pagedlab fetch vllm`)",
     )
     _add_demo_settings(trace, skip=("delay",))  # no live view here
     trace.set_defaults(func=_cmd_trace)
