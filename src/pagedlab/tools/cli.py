@@ -116,7 +116,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
-    run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
+    if args.url is not None or args.model is not None:
+        if args.name != "serve":
+            raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
+        options |= {"url": args.url, "model": args.model}
+    figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
+    run_bench(args.name, as_json=args.json, figure=figure, **options)
     return 0
 
 
@@ -524,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
     repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
     bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
+                       "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
+    bench.add_argument("--model", default=None, help="serve --url: the model to ask for (default: the first listed)")
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(
