@@ -138,11 +138,15 @@ class ReplayEngine:
         snapshot = StepTrace.capture(self.num_steps, float(self.num_steps), out, self.scheduler, self.kv_manager)
         self.scheduler.update(out, self._sampled(out))
         for rid, reason in self.ends.get(self.num_steps, []):
-            self.scheduler.finish_requests([rid], ENDS[reason])
+            if reason == "stop":  # a stop string, found in the text the step made: it ends in this step
+                self.scheduler.finish_requests([rid], ENDS[reason])
         ended = [r for r in out.scheduled if r.status.is_finished()]
         snapshot.finished = [r.request_id for r in ended]
         snapshot.finish_reasons = {r.request_id: r.status.finish_reason for r in ended}
         self.trace.append(snapshot)
+        for rid, reason in self.ends.get(self.num_steps, []):
+            if reason == "abort":  # aborted between this step and the next: reported by none
+                self.scheduler.finish_requests([rid], ENDS[reason])
 
     def _add(self, spec: dict) -> None:
         params = SamplingParams(

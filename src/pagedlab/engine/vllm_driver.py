@@ -188,10 +188,10 @@ class Replay:
             for o in outputs.outputs:
                 if o.finish_reason is not None:
                     finished[o.request_id] = str(o.finish_reason)
-        for rid, reason in self.ends.get(step, []):
+        for rid, reason in self.ends.get(step, []):  # a stop string ends it in this step; an abort after it
             if rid in self.requests and not self.requests[rid].is_finished():
                 self.scheduler.finish_requests(rid, ENDS[reason])
-                finished[rid] = reason
+                finished |= {rid: reason} if reason == "stop" else {}
         snapshot["finished"] = finished
         return snapshot
 
