@@ -67,6 +67,15 @@ class RunRecorder:
         }
 
 
+def recording_of(engine) -> dict | None:
+    """The engine's run as a recording, when it kept one (record_trace=True) and every request can be replayed
+    (single requests: no n > 1, no beams, no cache_salt); else None."""
+    recorder = getattr(engine, "recorder", None)
+    if recorder is None or recorder.replayable is not None:
+        return None
+    return recorder.recording(engine.config)
+
+
 def config_fields(config) -> dict:
     return {name: getattr(config, name) for name in CONFIG_FIELDS}
 

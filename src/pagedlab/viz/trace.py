@@ -27,8 +27,7 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "hashes": ["3fa9c1d2e4b0"],    short names (12 hex digits) of the block hashes cached in any step,
                                      first seen first; pool.hash indexes this list
       "steps": [step, ...],          the recorded steps, oldest first (the ring keeps the last max_trace_steps)
-      "recording": {...}             the run as data, for a replay through pagedlab's or vLLM's scheduler
-                                     (engine/replay.py's format), or null; absent reads as null
+      "recording": {...}             the run as data for a replay (engine/replay.py), or null (or absent)
     }
 
     step = {
@@ -49,8 +48,7 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "swap_out": [[7, 0]],          [GPU block, CPU block] copied out this step
       "swap_in": [[0, 4]],           [CPU block, GPU block] copied back this step
       "num_used_blocks": 24,         blocks held in the pool
-      "num_cached_tokens": {"5": 48},  scheduled request -> prompt tokens the prefix cache served it when first
-                                     admitted (absent reads as {})
+      "num_cached_tokens": {"5": 48},  scheduled request -> prompt tokens cached at its first admission (or absent)
       "pool": {                      null at stage 1 (regions, no block pool)
         "free": [12, 3],             the free queue, head (allocated next) to tail
         "ref": [1, 2, 0, ...],       block_id -> ref_cnt (num_kv_blocks entries; the null block's is 0)
@@ -69,7 +67,7 @@ import json
 from pathlib import Path
 
 from pagedlab.engine.events import EVENT_KINDS, block_list, step_events
-from pagedlab.engine.replay import CONFIG_FIELDS
+from pagedlab.engine.replay import CONFIG_FIELDS, recording_of
 from pagedlab.model.files import read_json_file
 
 TRACE_VERSION = 1
@@ -94,17 +92,8 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
         "requests": _requests(trace, prompts or {}, texts or {}, engine.tokenizer),
         "hashes": [_short_hash(h) for h in hashes],
         "steps": steps,
-        "recording": _recording(engine),
+        "recording": recording_of(engine),
     }
-
-
-def _recording(engine) -> dict | None:
-    """The run as data for a replay (engine/replay.py), when the engine kept one and every request can be
-    replayed (single requests: no n > 1, no beams, no cache_salt); else None."""
-    recorder = getattr(engine, "recorder", None)
-    if recorder is None or recorder.replayable is not None:
-        return None
-    return recorder.recording(engine.config)
 
 
 def _step(t, events: list[dict], hashes: dict) -> dict:
@@ -117,9 +106,7 @@ def _step(t, events: list[dict], hashes: dict) -> dict:
         "tables": {rid: list(table) for rid, table in t.block_tables.items()},
         "used": dict(t.kv_used),
         "groups": dict(t.groups),
-        "copies": [list(c) for c in t.copies],
-        "swap_out": [list(p) for p in t.swap_out],
-        "swap_in": [list(p) for p in t.swap_in],
+        **{name: [list(p) for p in getattr(t, name)] for name in STEP_PAIRS},
         "num_used_blocks": t.num_used_blocks,
         "num_cached_tokens": dict(t.num_cached_tokens),
         "pool": None if t.free_queue is None else _pool(t, hashes),
@@ -156,10 +143,7 @@ def _evictions(before, now) -> list[dict]:
     by_request: dict = {}
     for b in gone:
         by_request.setdefault(holder.get(b), []).append(b)
-    return [
-        {"kind": "evict", "request": rid, "blocks": blocks, "text": _evict_text(rid, blocks)}
-        for rid, blocks in by_request.items()
-    ]
+    return [{"kind": "evict", "request": r, "blocks": b, "text": _evict_text(r, b)} for r, b in by_request.items()]
 
 
 def _evict_text(rid: str | None, blocks: list[int]) -> str:
@@ -240,8 +224,7 @@ CONFIG_TYPES = {"block_size": INT, "num_kv_blocks": INT, "max_num_seqs": INT, "m
                 "preemption_mode": STR, "num_swap_blocks": INT, "scheduling_policy": STR}  # fmt: skip
 REQUEST_TYPES = {"group": STR, "prompt": STR + NONE, "num_prompt_tokens": INT + NONE, "text": STR + NONE,
                  "first_step": INT + NONE, "last_step": INT + NONE, "finish_reason": STR + NONE}  # fmt: skip
-MAP_VALUES = {"scheduled": INT, "finished": STR + NONE, "tables": (list,), "used": INT, "groups": STR,
-              "num_cached_tokens": INT}  # fmt: skip
+MAP_VALUES = {"scheduled": INT, "finished": STR + NONE, "tables": (list,), "used": INT, "groups": STR}
 EVENT_TYPES = {"kind": STR, "request": STR + NONE, "blocks": (list,), "text": STR}
 
 
@@ -276,9 +259,7 @@ def _check_step(step, where: str, trace: dict) -> None:
     for name in STEP_LISTS:
         for j, rid in enumerate(_get(step, name, (list,), where)):
             _request_id(rid, known, f"{where}.{name}[{j}]")
-    for name, kinds in MAP_VALUES.items():
-        if name == "num_cached_tokens" and name not in step:
-            continue  # optional: older traces have none
+    for name, kinds in (MAP_VALUES | {"num_cached_tokens": INT} if "num_cached_tokens" in step else MAP_VALUES).items():
         for rid, value in _get(step, name, (dict,), where).items():
             _request_id(rid, known, f"{where}.{name}")
             _expect(value, kinds, f"{where}.{name}[{rid!r}]")
