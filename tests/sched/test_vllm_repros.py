@@ -84,3 +84,13 @@ def test_without_caching_every_freed_block_goes_to_the_head():
     a = pool.allocate(3)
     pool.free(reversed(a))  # the table's last block first: it is reused first
     assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] == [2, 1, 0, 3, 4, 5]
+
+
+def test_a_windowed_prompt_longer_than_the_pool_is_admitted_for_the_blocks_it_can_hold():
+    # Window 8, blocks of 4, a budget of 16: a request never holds more than the window's last 7 tokens plus one
+    # step's 16, cdiv(23, 4) + 1 = 7 blocks (vLLM's max_admission_blocks_per_request). Its 40-token prompt would
+    # need 10, more than the 9 the pool has besides the null block: admitted for 7, it runs, freeing behind it.
+    steps = replay(config(num_kv_blocks=10, max_num_batched_tokens=16, sliding_window=8), request("r00", 40, 2))
+    assert schedule(steps) == [{"r00": 16}, {"r00": 16}, {"r00": 8}, {"r00": 1}]
+    assert steps[1]["tables"] == {"r00": [0, 0, 3, 4, 2, 1, 5, 6]}  # blocks 1, 2 freed behind the window, reused
+    assert max(sum(b != 0 for b in s["tables"]["r00"]) for s in steps) <= 7
