@@ -1,7 +1,7 @@
 """Stage 5: the differential test: the same random workloads through pagedlab's scheduler and vLLM 0.33.0's own.
 
 Seven families x 20 seeds (lessons/differential.py), each a recording replayed through pagedlab's stage 5
-(engine/replay.py) and through vLLM's v1 Scheduler in its own process (engine/vllm_peer.py: one launch for all
+(engine/replay.py) and through vLLM's v1 Scheduler in its own process (lessons/vllm_peer.py: one launch for all
 of them; importing vLLM takes most of the time). Every step's decisions are compared (viz/compare.py): the
 requests scheduled and their token counts, the preemptions, the finish order and reasons, the cached tokens
 per request, then the block tables and the number of free blocks. Each run must be equal, or part from vLLM
@@ -18,9 +18,9 @@ from collections import Counter
 
 import pytest
 
-from pagedlab.engine import vllm_peer
 from pagedlab.engine.replay import ReplayEngine
 from pagedlab.kv.hashing import HashChainIndex
+from pagedlab.lessons import vllm_peer
 from pagedlab.lessons.differential import FAMILIES, suite
 from pagedlab.viz.compare import BLOCK_FIELDS, LEDGER, SCHEDULE_FIELDS, as_trace, divergences
 from pagedlab.viz.trace import to_trace

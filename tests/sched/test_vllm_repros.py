@@ -1,6 +1,6 @@
 """Stage 5: the four places the differential test (tests/engine/test_vllm_differential.py) found pagedlab's scheduler
 parting from vLLM 0.33.0's, each as the smallest run that shows it. The expected steps are what vLLM's own Scheduler
-decided on the same recording (engine/vllm_driver.py); pagedlab now decides the same, with no vLLM installed.
+decided on the same recording (lessons/vllm_driver.py); pagedlab now decides the same, with no vLLM installed.
 
 Each run is a recording (engine/replay.py) replayed through the stage-5 scheduler with the recorded tokens.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedlab.engine import vllm_peer
+from pagedlab.lessons import vllm_peer
 from pagedlab.tools import fetch_vllm
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedlab.engine import vllm_peer
+from pagedlab.lessons import vllm_peer
 from pagedlab.lessons.demo import DemoOptions, demo_trace
 from pagedlab.tools.cli import main
 from pagedlab.viz import compare

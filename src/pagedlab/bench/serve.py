@@ -59,6 +59,7 @@ class Remote:
     def close(self) -> None:
         pass
 
+
 SYSTEMS = {"static": 4, "continuous": 5}
 RATES = (2.0, 8.0, 32.0)  # requests per second
 NUM_REQUESTS = 24
@@ -148,7 +149,11 @@ def serve_run(server, system: str, rate: float, num_requests: int) -> dict:
 
 
 def serve_rows(
-    console, rates=RATES, num_requests: int = NUM_REQUESTS, repeats: int = REPEATS, url: str | None = None,
+    console,
+    rates=RATES,
+    num_requests: int = NUM_REQUESTS,
+    repeats: int = REPEATS,
+    url: str | None = None,
     model: str | None = None,
 ) -> list[dict]:
     """Rows per (system, rate): pagedlab's two servers on 127.0.0.1, or the one at `url` (system "url")."""

@@ -14,7 +14,7 @@ A recording holds what decides a schedule and nothing else: the engine settings,
                                                                     a stop string ("stop"), an abort ("abort")
 
 `ReplayEngine` plays it back through the stage-5 scheduler and KV manager with a fake runner that
-samples the recorded tokens: the same steps as the real run, with no model. engine/vllm_peer.py plays
+samples the recorded tokens: the same steps as the real run, with no model. lessons/vllm_peer.py plays
 the same recording through vLLM's Scheduler, so the two schedules can be compared step by step.
 A step's number counts the steps that scheduled something, as the engine's trace does.
 """

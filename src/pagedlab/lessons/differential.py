@@ -1,7 +1,7 @@
 """Stage 5: random workloads for the differential test against vLLM's scheduler: seven families, seeded.
 
 Builds on: engine/replay.py (a workload is a recording; ReplayEngine plays it on pagedlab's scheduler),
-engine/vllm_peer.py (run_vllm plays it on vLLM's), viz/compare.py (where the two part).
+lessons/vllm_peer.py (run_vllm plays it on vLLM's), viz/compare.py (where the two part).
 Read with: chapters/09-graduate-to-vllm.md.
 
 Each family stresses one part of the scheduler; a seed draws its settings, requests, arrival steps and

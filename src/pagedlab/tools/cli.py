@@ -248,7 +248,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
 def _trace_vllm(trace: dict, path) -> int:
     """--compare vllm: the same run through vLLM 0.33.0's own scheduler, beside it (`pagedlab fetch vllm` first)."""
-    from pagedlab.viz.compare import divergences, summary, vllm_trace
+    from pagedlab.lessons.vllm_peer import vllm_trace
+    from pagedlab.viz.compare import divergences, summary
     from pagedlab.viz.page import _run_label, _write, render_compare_html
 
     theirs = vllm_trace(trace)

@@ -1,6 +1,6 @@
 """`pagedlab fetch vllm`: vLLM 0.33.0's Python sources and an environment to run its scheduler in, on a CPU.
 
-Builds on: engine/vllm_peer.py (what and where), tools/fetch.py (pip download, sha256, the cache folder).
+Builds on: lessons/vllm_peer.py (what and where), tools/fetch.py (pip download, sha256, the cache folder).
 Read with: chapters/09-graduate-to-vllm.md.
 
     1. pip download --no-deps --require-hashes vllm==0.33.0   (336 MB; its dependencies would bring CUDA)
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pagedlab.engine import vllm_peer
-from pagedlab.engine.vllm_peer import COMPLETE, NOT_FETCHED, VLLM, VllmSource
+from pagedlab.lessons import vllm_peer
+from pagedlab.lessons.vllm_peer import COMPLETE, NOT_FETCHED, VLLM, VllmSource
 from pagedlab.model.registry import cache_dir
 from pagedlab.tools.fetch import _check_wheel, _make_folder, check_sha256
 

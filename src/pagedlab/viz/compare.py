@@ -1,6 +1,6 @@
 """Stage 5: pagedlab's run beside vLLM's real scheduler on the same requests: the decisions, and where they part.
 
-Builds on: engine/replay.py (the run's recording), engine/vllm_peer.py (vLLM's Scheduler in a subprocess),
+Builds on: engine/replay.py (the run's recording), lessons/vllm_peer.py (vLLM's Scheduler in a subprocess),
 viz/trace.py (both runs as traces), viz/page.py (the page that steps through them under one cursor).
 Read with: chapters/09-graduate-to-vllm.md.
 
@@ -134,20 +134,6 @@ def summary(found: list[dict]) -> dict:
         "unexplained": sum(1 for d in found if d["ledger"] is None),
         "first": found[0] if found else None,
     }
-
-
-def vllm_trace(trace: dict, model_dir=None) -> dict:
-    """The same run through vLLM's own Scheduler, as a trace beside `trace` (which must hold a recording:
-    to_trace of an engine that ran with record_trace=True). Needs `pagedlab fetch vllm`."""
-    from pagedlab.engine.vllm_peer import run_vllm
-
-    recording = trace.get("recording")
-    if recording is None:
-        raise ValueError("compare: this trace holds no recording of its run (n > 1, beams or a cache_salt)")
-    (result,) = run_vllm([recording], model_dir)
-    if result["error"]:
-        raise RuntimeError(f"vLLM could not replay the run: {result['error']}")
-    return as_trace(result["steps"], trace)
 
 
 def as_trace(steps: list[dict], like: dict) -> dict:

@@ -143,7 +143,8 @@ def step_through(llm_or_trace, compare=None, height: int = 1050):
 
 def render_vllm_compare_html(trace: dict, title: str | None = None) -> str:
     """`trace` beside the same run through vLLM 0.33.0's Scheduler (viz/compare.py), with their divergences."""
-    from pagedlab.viz.compare import VLLM_LABEL, divergences, vllm_trace
+    from pagedlab.lessons.vllm_peer import vllm_trace
+    from pagedlab.viz.compare import VLLM_LABEL, divergences
 
     theirs = vllm_trace(trace)
     title = title or f"pagedlab's {_run_label(trace)} and {VLLM_LABEL}, on the same requests"

@@ -1,7 +1,7 @@
 """Stage 5: vLLM as a peer: where `pagedlab fetch vllm` put vLLM 0.33.0, and the subprocess that replays runs on it.
 
 Builds on: engine/replay.py (the recordings it is given), model/registry.py (the cache folder),
-engine/vllm_driver.py (the script that runs inside vLLM's environment).
+lessons/vllm_driver.py (the script that runs inside vLLM's environment).
 Read with: chapters/09-graduate-to-vllm.md.
 
 vLLM is never imported into pagedlab's process: it pins its own versions of half of pagedlab's
@@ -145,3 +145,17 @@ def run_vllm(recordings: list[dict], model_dir: str | Path | None = None, timeou
 
 def python_of_this_process() -> str:
     return sys.executable
+
+
+def vllm_trace(trace: dict, model_dir=None) -> dict:
+    """The same run through vLLM's own Scheduler, as a trace beside `trace` (which must hold a recording:
+    to_trace of an engine that ran with record_trace=True). Needs `pagedlab fetch vllm`."""
+    from pagedlab.viz.compare import as_trace
+
+    recording = trace.get("recording")
+    if recording is None:
+        raise ValueError("compare: this trace holds no recording of its run (n > 1, beams or a cache_salt)")
+    (result,) = run_vllm([recording], model_dir)
+    if result["error"]:
+        raise RuntimeError(f"vLLM could not replay the run: {result['error']}")
+    return as_trace(result["steps"], trace)

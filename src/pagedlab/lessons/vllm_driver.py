@@ -1,7 +1,7 @@
 """Stage 5: the vLLM driver: a recorded run replayed through vLLM 0.33.0's own v1 Scheduler, in vLLM's process.
 
 Builds on: nothing of pagedlab (it runs in the environment `pagedlab fetch vllm` made, where pagedlab is not
-installed): only the standard library, torch and vLLM's sources. engine/vllm_peer.py starts it.
+installed): only the standard library, torch and vLLM's sources. lessons/vllm_peer.py starts it.
 Read with: chapters/09-graduate-to-vllm.md.
 
     stdin   {"runs": [recording, ...]}            a recording: sched/replay.py's format (engine settings, each
@@ -25,6 +25,11 @@ import os
 import sys
 import tempfile
 import traceback
+
+# Run by path, Python puts this folder first on sys.path, where pagedlab's lessons would shadow what vLLM imports
+# (its `kernels` package, for one): drop it. The driver needs nothing beside it.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
 
 # Never a GPU here, and nothing vLLM does at import may reach the network.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
