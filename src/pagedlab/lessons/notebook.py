@@ -54,14 +54,14 @@ NB03_BEAM_PROMPT = "ARIEL:\nAll hail"
 NB04_PREFIX = "PROSPERO:\nNow does "
 NB04_SUFFIXES = {"A": "my", "B": "it", "C": "my"}
 NB05_PROMPTS = (
-    "MIRANDA:\nIf by your art, my dearest father, you have put the wild waters in this roar, allay them.",
-    "ARIEL:\nAll hail, great master!",
-    "CALIBAN:\nThis island's mine, by Sycorax my mother, which thou takest from me.",
-    "PROSPERO:\nOur revels now are ended.",
-    "FERDINAND:\nHere's my hand.",
-    "GONZALO:\nI'll warrant him for drowning.",
+    "MIRANDA:\nIf by your art, my",
+    "ARIEL:",
+    "CALIBAN:\nThis island's",
+    "Boatswain:",
+    "PROSPERO:\nOur revels",
+    "GONZALO:",
 )
-NB05_MAX_TOKENS = (24, 10, 20, 16, 12, 8)
+NB05_MAX_TOKENS = (18, 26, 16, 22, 12, 20)
 
 
 def your_turn(notebook: str, **settings):
