@@ -107,3 +107,22 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.pytestmark = [pytest.mark.task("free-queue"), pytest.mark.task("pool-allocate-free")]
+
+
+def test_a_deep_copy_of_a_big_pool_keeps_its_queue_and_does_not_recurse_per_block():
+    """The notebooks' lookahead (lessons/predict.py `ahead`) deep-copies the scheduler with its pool: copying the
+    free queue link by link recursed once per block and overflowed Python's stack at a few hundred blocks."""
+    import copy
+
+    pool = BlockPool(5000)
+    taken = pool.allocate(3)
+    pool.free(taken[1:2])  # one freed to the head: the queue is not in id order
+    twin = copy.deepcopy(pool)
+    order = [b.block_id for b in twin.free_block_queue.get_all_free_blocks()]
+    assert order == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] and order[0] == taken[1].block_id
+    assert all(
+        a is not b and a.block_id == b.block_id and a.ref_cnt == b.ref_cnt for a, b in zip(twin.blocks, pool.blocks)
+    )
+    assert twin.free_block_queue.get_all_free_blocks()[0] is twin.blocks[taken[1].block_id]  # one object per block
+    twin.allocate(10)
+    assert pool.num_free == 4998 and twin.num_free == 4988  # the copies are independent

@@ -44,6 +44,26 @@ class KVCacheBlock:
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt})"
 
+    def __deepcopy__(self, memo: dict) -> KVCacheBlock:
+        """A copy of a queued block is a copy of its whole queue, made in a loop: copying link by link would
+        recurse once per block and overflow Python's stack on a pool of a few hundred blocks (the notebooks'
+        lookahead copies the scheduler with its pool)."""
+        first = self
+        while first.prev_free_block is not None:
+            first = first.prev_free_block
+        chain, block = [], first
+        while block is not None:
+            chain.append(block)
+            block = block.next_free_block
+        for b in chain:
+            if id(b) not in memo:
+                memo[id(b)] = KVCacheBlock(b.block_id, b.ref_cnt, b.block_hash)  # a hash is immutable: shared
+        for b in chain:
+            c = memo[id(b)]
+            c.prev_free_block = memo[id(b.prev_free_block)] if b.prev_free_block is not None else None
+            c.next_free_block = memo[id(b.next_free_block)] if b.next_free_block is not None else None
+        return memo[id(self)]
+
 
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks with sentinel head and tail; the head is allocated first."""
