@@ -49,7 +49,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 # The Tempest's speakers: the chapters walk Romeo and Juliet's, so the notebooks' answers are theirs alone.
 NB02_REQUESTS = {"A": ("MIRANDA:", 5), "B": ("ARIEL:", 3), "C": ("CALIBAN:", 6), "D": ("PROSPERO:", 4),
                  "E": ("FERDINAND:", 2)}  # fmt: skip
-NB03_PROMPT = "MIRANDA:"
+NB03_PROMPT = "PROSPERO:"  # 10 tokens with <bos>: the leader's prefill ends inside a block of 4
 NB03_BEAM_PROMPT = "ARIEL:\nAll hail"
 NB04_PREFIX = "PROSPERO:\nNow does "
 NB04_SUFFIXES = {"A": "my", "B": "it", "C": "my"}
