@@ -52,7 +52,7 @@ NB02_REQUESTS = {"A": ("MIRANDA:", 5), "B": ("ARIEL:", 3), "C": ("CALIBAN:", 6),
 NB03_PROMPT = "PROSPERO:"  # 10 tokens with <bos>: the leader's prefill ends inside a block of 4
 NB03_BEAM_PROMPT = "ARIEL:\nAll hail"
 NB04_PREFIX = "PROSPERO:\nNow does "
-NB04_SUFFIXES = {"A": "my", "B": "it", "C": "my"}
+NB04_SUFFIXES = {"A": "my p", "B": "my o", "C": "my p"}  # C is A again
 NB05_PROMPTS = (
     "MIRANDA:\nIf by your art, my",
     "ARIEL:",
@@ -118,7 +118,7 @@ def rerun_04(block_size: int = 4, num_kv_blocks: int = 10, enable_prefix_caching
     requests = {}
     for rid, suffix in NB04_SUFFIXES.items():
         llm.engine.add_request(rid, NB04_PREFIX + suffix, greedy(2))
-        requests[rid] = llm.engine.scheduler.requests.live[rid]
+        (requests[rid],) = llm.engine.scheduler.requests.live[rid]
         while llm.engine.has_unfinished_requests():
             llm.engine.step()
     stats = llm.engine.stats
