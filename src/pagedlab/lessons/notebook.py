@@ -47,9 +47,9 @@ def greedy(max_tokens: int) -> SamplingParams:
 # --- the notebooks' runs ----------------------------------------------------------------------------------------
 
 # The Tempest's speakers: the chapters walk Romeo and Juliet's, so the notebooks' answers are theirs alone.
-NB02_REQUESTS = {"A": ("MIRANDA:", 5), "B": ("ARIEL:", 3), "C": ("CALIBAN:", 6), "D": ("PROSPERO:", 4),
+NB02_REQUESTS = {"A": ("MIRANDA:", 5), "B": ("ARIEL:", 3), "C": ("CALIBAN:", 6), "D": ("SEBASTIAN:", 4),
                  "E": ("FERDINAND:", 2)}  # fmt: skip
-NB03_PROMPT = "PROSPERO:"  # 10 tokens with <bos>: the leader's prefill ends inside a block of 4
+NB03_PROMPT = "STEPHANO:"  # 10 tokens with <bos>: the leader's prefill ends inside a block of 4
 NB03_BEAM_PROMPT = "ARIEL:\nAll hail"
 NB04_PREFIX = "PROSPERO:\nNow does "
 NB04_SUFFIXES = {"A": "my p", "B": "my o", "C": "my p"}  # C is A again
@@ -161,3 +161,33 @@ def rerun_05(
 
 
 RERUNS: dict[str, Callable] = {"02": rerun_02, "03": rerun_03, "04": rerun_04, "05": rerun_05}
+
+
+def rerun_06(block_size: int = 16, partition_size: int = 16, seq_lens=(37, 16, 5), num_heads: int = 4,
+             num_kv_heads: int = 2, head_dim: int = 32):  # fmt: skip
+    """Notebook 06's decode step with other shapes: V1 and V2 against torch, and the picture of its programs."""
+    import torch
+
+    from pagedlab.attention.triton.decode import paged_decode
+    from pagedlab.lessons.kernel_cases import HeadShape, make_case, reference
+    from pagedlab.lessons.kernels import kernel_device, launch_plan
+    from pagedlab.viz.kernels import draw_decode_programs
+
+    device, seq_lens = kernel_device(), list(seq_lens)
+    shape = HeadShape(num_heads, num_kv_heads, head_dim, block_size, partition_size)
+    case = make_case(len(seq_lens), max(seq_lens), shape, torch.float32, device)
+    q = torch.randn(len(seq_lens), num_heads, head_dim, generator=torch.Generator(device=device).manual_seed(1),
+                    device=device)  # fmt: skip
+    lens, rows = torch.tensor(seq_lens, device=device), torch.arange(len(seq_lens), device=device)
+    want = reference(case, q, 1, seq_lens)
+    for version in ("v1", "v2"):
+        out = torch.empty_like(q)
+        paged_decode(out, q, case.k_cache, case.v_cache, case.block_table, lens, rows, rows, head_dim**-0.5,
+                     max_seq_len=max(seq_lens), partition_size=partition_size, version=version)  # fmt: skip
+        print(f"{version}: max |err| vs torch {(out - want).abs().max().item():.1e}")
+    plan = launch_plan(case, seq_lens, partition_size)
+    print(f"V1 grid {plan.v1.grid}, V2 grid {plan.v2.grid}; the launcher picks {'v1' if plan.picks_v1 else 'v2'}")
+    return draw_decode_programs(plan)
+
+
+RERUNS["06"] = rerun_06

@@ -500,13 +500,13 @@ def _same(kind: str, guess, truth) -> bool:
 def _words(truth) -> list[str]:
     """The texts that would give `truth` away in a hint."""
     if isinstance(truth, set | frozenset):
-        return [str(sorted(truth)), str(truth)] if truth else ["set()"]
+        return [str(sorted(truth, key=str)), str(truth)] if truth else ["set()"]
     return [str(truth)]
 
 
 def _show(truth) -> str:
     if isinstance(truth, set | frozenset):
-        return "{" + ", ".join(map(repr, sorted(truth))) + "}" if truth else "set()"
+        return "{" + ", ".join(map(repr, sorted(truth, key=str))) + "}" if truth else "set()"
     return repr(truth)
 
 
@@ -615,7 +615,7 @@ def wrong_answer(truth):
     if isinstance(truth, int):
         return truth + 1
     if isinstance(truth, set | frozenset):
-        return set(truth) ^ {"no such request"}
+        return set(truth) ^ ({-1} if all(isinstance(x, int) for x in truth) else {"no such request"})
     return [*truth, -1]
 
 
