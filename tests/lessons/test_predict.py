@@ -269,9 +269,12 @@ def test_reading_the_chapter_first_gives_no_answer_away(number, notebook_run):
 
     walked = {*lessons.STAGE1_PROMPTS, "ROMEO:", lessons.BEAM_PROMPT, *lessons.STAGE4_PROMPTS.values(),
               lessons.STAGE4_PREFIX, *lessons.STAGE5_PROMPTS}  # fmt: skip
-    ours = {"02": [p for p, _ in notebook.NB02_REQUESTS.values()], "03": [notebook.NB03_PROMPT, notebook.NB03_BEAM_PROMPT],
-            "04": [notebook.NB04_PREFIX + s for s in notebook.NB04_SUFFIXES.values()],
-            "05": list(notebook.NB05_PROMPTS)}[number]  # fmt: skip
+    ours = {
+        "02": [p for p, _ in notebook.NB02_REQUESTS.values()],
+        "03": [notebook.NB03_PROMPT, notebook.NB03_BEAM_PROMPT],
+        "04": [notebook.NB04_PREFIX + s for s in notebook.NB04_SUFFIXES.values()],
+        "05": list(notebook.NB05_PROMPTS),
+    }[number]
     assert not set(ours) & walked
     text = CHAPTERS[number].read_text(encoding="utf-8")
     run_number, _, asked, _ = notebook_run
