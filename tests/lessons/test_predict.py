@@ -287,5 +287,5 @@ def test_reading_the_chapter_first_gives_no_answer_away(number, notebook_run):
 
 def test_every_prediction_is_documented_for_teachers():
     text = (ROOT / "chapters" / "98-assignments.md").read_text()
-    for name, prediction in BY_NAME.items():
+    for name in BY_NAME:
         assert f"`{name}`" in text, name
