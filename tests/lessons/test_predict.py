@@ -289,3 +289,20 @@ def test_every_prediction_is_documented_for_teachers():
     text = (ROOT / "chapters" / "98-assignments.md").read_text()
     for name in BY_NAME:
         assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("number", sorted(PREDICTIONS))
+def test_the_walk_through_s_prose_quotes_no_value_of_its_run(number):
+    """Values of the run (block ids, counts, budgets left) are printed by the cells, never written in the prose
+    around them: change a knob and the prose stays true. What prose may say: a step, a stage or a chapter by its
+    number, and the small numbers of definitions (ref_cnt 0, 1 or 2, n > 1); anything in backticks is code."""
+    cells = nbformat.read(NOTEBOOKS[number], as_version=4).cells
+    end = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Experiment"))
+    allowed = re.compile(r"(?i)(step|stage|chapter|notebook)[ -]\d+|^[0-2]$|1e-4")
+    for cell in cells[1:end]:  # after the title
+        if cell.cell_type != "markdown":
+            continue
+        prose = re.sub(r"`[^`]*`|\]\([^)]*\)|SHA-256|(?i:steps? \d+ and \d+)", "", cell.source)
+        for match in re.finditer(r"(?i)(?:(?:step|stage|chapter|notebook)[ -])?\d[\d.e-]*", prose):
+            word = match.group().rstrip(".")
+            assert allowed.search(word), (number, word, cell.source[:80])

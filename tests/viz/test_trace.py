@@ -85,7 +85,7 @@ def test_a_child_that_waits_for_its_leader_forks_a_step_later():
     llm, prompts, _ = run_n2()
     step1, step2 = viz_trace.to_trace(llm, prompts)["steps"][:2]
     assert step1["tables"]["1_0"] == [] and step1["tables"]["0_0"] == [0, 1]  # the leader prefills "<bos>ROMEO:"
-    assert {"kind": "fork", "request": "1_0", "blocks": [0, 1], "text": "1_0 forked, sharing 0-1 (no copy yet)"} in (
+    assert {"kind": "fork", "request": "1_0", "blocks": [0, 1], "text": "1_0 forked: shares blocks 0-1 with its parent (" + events.FORKED + ")"} in (
         step2["events"]
     )
     # The leaders write their next token into a private copy of their shared last block (4 and 5);
