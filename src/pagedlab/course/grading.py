@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -96,7 +97,7 @@ def grade(workspace, stage, extra_tests=None, per_test_timeout=PER_TEST_TIMEOUT,
     local = (root / "assignment.json").exists()  # a student's copy grading itself: only the visible cases
     started_tasks = [t for t, b in bodies.items() if b.status == "accepted"]
     expected = _expected(root, number, None if local else seed, started_tasks)
-    limits = Limits(per_test_timeout, started + total_timeout, [str(root), str(ws)])
+    limits = Limits(per_test_timeout, started + total_timeout, _forbidden(root, ws))
     with tempfile.TemporaryDirectory(prefix="pagedlab-grade-") as tmp:
         results = _run_tasks(root, Path(tmp), number, bodies, expected, seed, limits)
         hidden_tests = []
@@ -124,7 +125,10 @@ def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> di
     a student's copy has no reference, only the visible cases' observations its hand-out ships (scenarios.json)."""
     scenarios = stage_scenarios(number)
     if seed is None:
-        return json.loads((root / "scenarios.json").read_text())
+        shipped = root / "scenarios.json"
+        if not shipped.is_file():
+            raise ValueError(f"scenarios.json: {root} is a student's copy without it (made by an older grader)")
+        return json.loads(shipped.read_text())
     out = {task: dict.fromkeys(s.case_names()) for task, s in scenarios.items()}
     for task in tasks:
         key = (str(root), number, seed, task)
@@ -238,6 +242,14 @@ def _error_text(msg: dict) -> str:
     return f"raised {kind[:60]}{place}"
 
 
+def _forbidden(root: Path, ws: Path) -> list[str]:
+    """What the fallback's audit hook refuses to open: the teacher's source, tests and reading, the workspace, any
+    installed pagedlab (the Python install, even inside the checkout, stays readable)."""
+    folders = [root / part for part in ("src", "tests", "chapters", "notebooks")] + [ws]
+    folders += [Path(p) / "pagedlab" for p in sys.path if p and (Path(p) / "pagedlab").is_dir()]
+    return sorted({str(f.resolve()) for f in folders})
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -262,7 +274,5 @@ def failed_grading(message: str) -> dict:
 
 
 def print_grades(result: dict, out=None) -> None:
-    import sys
-
     print(result["output"], file=out or sys.stderr)
 

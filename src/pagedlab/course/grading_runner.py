@@ -34,6 +34,7 @@ def main() -> None:
     _guard().install([line.strip() for line in sys.stdin if line.strip()])  # the fallback's only
     src = os.path.join(tree, "src")
     sys.path[:] = [src, tree] + [p for p in sys.path if p and not os.path.isdir(os.path.join(p, "pagedlab"))]
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
     out = os.fdopen(fd, "w", buffering=1)
     emit = lambda obj: out.write(json.dumps(obj) + "\n")  # noqa: E731
     import pytest

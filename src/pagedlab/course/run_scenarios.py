@@ -34,6 +34,7 @@ def main() -> None:
     spec = json.loads(sys.stdin.readline())
     _guard().install([line.strip() for line in sys.stdin if line.strip()])  # the fallback's only
     sys.path[:] = [src] + [p for p in sys.path if p and not os.path.isdir(os.path.join(p, "pagedlab"))]
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
     package = types.ModuleType("pagedlab")
     package.__path__ = [os.path.join(src, "pagedlab")]
     sys.modules["pagedlab"] = package  # pagedlab/__init__.py imports torch: only cases that need it do
