@@ -68,20 +68,19 @@ def _diff_floats(want: dict, have, path):
 
 
 def _describe(expected, path: list) -> str:
-    """The path as words: keys and indexes, and the name of the operation a program's entry ran."""
-    words, node = [], expected
-    for i, key in enumerate(path):
-        if isinstance(node, list) and isinstance(key, int) and isinstance(node[key], list) and node[key]:
-            op = node[key][0]
-            label = f'op {key + 1} ("{op}")' if isinstance(op, str) and i == 0 else f"item {key}"
-            words.append(label)
-        elif isinstance(key, int):
-            words.append(f"step {key}" if path[:i] == ["steps"] else f"item {key}")
-        elif key != "steps":
-            words.append(str(key))
-        node = node[key] if isinstance(node, (list, dict)) and not (isinstance(node, dict) and "tol" in node) else node
+    """The path as words: "op 3 ("remove")" for an entry of a program, "step 4" in a story, then keys and items."""
+    words, node, previous = [], expected, None
+    for key in path:
         if isinstance(node, dict) and set(node) == {"floats", "tol"}:
-            node = node["floats"]
+            node = node["floats"]  # the numbers themselves
+        entry = node[key]
+        if previous is None and isinstance(entry, list) and entry and isinstance(entry[0], str):
+            words.append(f'op {key + 1} ("{entry[0]}")')
+        elif previous == "steps":
+            words.append(f"step {key}")
+        elif key != "steps":
+            words.append(str(key) if isinstance(key, str) else f"item {key}")
+        node, previous = entry, key
     return (", ".join(words) + ": ") if words else ""
 
 
