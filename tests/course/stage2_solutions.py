@@ -54,13 +54,18 @@ def allocate(self, n: int) -> list[KVCacheBlock]:
     return taken
 
 def free(self, blocks: Iterable[KVCacheBlock]) -> None:
-    """One reference less each; at zero, back to the tail."""
-    for block in blocks:
-        if block.ref_cnt < 1:
-            raise InvariantError(f"{block} freed twice")
-        block.ref_cnt -= 1
-        if not block.ref_cnt:
-            self.free_block_queue.append(block)
+    """One reference less each; at zero, uncached ones to the head (in order), cached ones to the tail."""
+    head, tail = [], []
+    try:
+        for block in blocks:
+            if block.ref_cnt < 1:
+                raise InvariantError(f"{block} freed twice")
+            block.ref_cnt -= 1
+            if not block.ref_cnt:
+                (tail if block.block_hash is not None else head).append(block)
+    finally:
+        self.free_block_queue.prepend_n(head)
+        self.free_block_queue.append_n(tail)
 ''',
         "allocate-slots": '''
 def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
@@ -148,16 +153,25 @@ def allocate(self, n: int) -> list[KVCacheBlock]:
 
 def free(self, blocks: Iterable[KVCacheBlock]) -> None:
     """Decrement."""
-    items = list(blocks)
+    items, zeros = list(blocks), []
     i = 0
     while i < len(items):
         block = items[i]
         if block.ref_cnt == 0:
+            self._give_back(zeros)  # the ones freed before it stay freed
             raise InvariantError(f"block {block.block_id} freed twice")
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
-            self.free_block_queue.append(block)
+            zeros.append(block)
         i += 1
+    self._give_back(zeros)
+
+def _give_back(self, zeros: list[KVCacheBlock]) -> None:
+    """Blocks at ref_cnt 0: those without a hash are reused first, those with one kept longest."""
+    self.free_block_queue.prepend_n([b for b in zeros if b.block_hash is None])
+    for b in zeros:
+        if b.block_hash is not None:
+            self.free_block_queue.append(b)
 ''',
         "allocate-slots": '''
 def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
@@ -250,10 +264,15 @@ def allocate(self, n: int) -> list[KVCacheBlock]:
     return [self._hold(b) for b in blocks]
 
 def free(self, blocks: Iterable[KVCacheBlock]) -> None:
-    """Released one by one."""
-    for released in map(self._release, blocks):
-        if released is not None:
-            self.free_block_queue.append(released)
+    """Released one by one, then queued: uncached at the head, cached at the tail."""
+    released = []
+    try:
+        for item in map(self._release, blocks):
+            if item is not None:
+                released.append(item)
+    finally:
+        self.free_block_queue.prepend_n([r for r in released if r.block_hash is None])
+        self.free_block_queue.append_n([r for r in released if r.block_hash is not None])
 
 def _hold(self, block: KVCacheBlock) -> KVCacheBlock:
     """ref_cnt 1."""
@@ -344,13 +363,19 @@ def allocate(self, n: int) -> list[KVCacheBlock]:
 
 def free(self, blocks: Iterable[KVCacheBlock]) -> None:
     """Each drops a holder."""
-    for b in blocks:
-        remaining = b.ref_cnt - 1
-        if remaining < 0:
-            raise InvariantError(f"block {b.block_id} was freed twice")
-        b.ref_cnt = remaining
-        if remaining == 0:
-            self.free_block_queue.append(b)
+    done = []
+    try:
+        for b in blocks:
+            remaining = b.ref_cnt - 1
+            if remaining < 0:
+                raise InvariantError(f"block {b.block_id} was freed twice")
+            b.ref_cnt = remaining
+            if remaining == 0:
+                done.append(b)
+    finally:
+        cached = [b for b in done if b.block_hash is not None]
+        self.free_block_queue.prepend_n([b for b in done if b.block_hash is None])
+        self.free_block_queue.append_n(cached)
 ''',
         "allocate-slots": '''
 def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
@@ -427,12 +452,17 @@ def allocate(self, n: int) -> list[KVCacheBlock]:
     return got
 
 def free(self, blocks: Iterable[KVCacheBlock]) -> None:
-    """Zero goes back."""
+    """Zero goes back: the head if it holds nothing cached."""
+    front, back = [], []
     for b in blocks:
         if not b.ref_cnt > 0:
+            self.free_block_queue.prepend_n(front)
+            self.free_block_queue.append_n(back)
             raise InvariantError("freed twice")
         b.ref_cnt -= 1
-        b.ref_cnt or self.free_block_queue.append(b)
+        b.ref_cnt or (back if b.block_hash else front).append(b)
+    self.free_block_queue.prepend_n(front)
+    self.free_block_queue.append_n(back)
 ''',
         "allocate-slots": '''
 def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:

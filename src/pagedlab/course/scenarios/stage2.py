@@ -94,8 +94,9 @@ def queue_random_program(rng):
 
 
 def pool_program(num_blocks: int, ops: list) -> list:
-    """(op, arg) on a fresh BlockPool: allocate(n), free(block ids, in order), share(id) (a second holder,
-    as stage 3's fork makes); after each: its result, the free queue, every ref_cnt, num_free."""
+    """(op, arg) on a fresh BlockPool: allocate(n), free(block ids, in order), share(k) (a second holder of the
+    k-th block held now, by id, as stage 3's fork makes: never of a free block, which would corrupt the pool and
+    leave the rest of the case undefined); after each: its result, the free queue, every ref_cnt, num_free."""
     pool = BlockPool(num_blocks)
     calls = {
         "allocate": lambda n: [b.block_id for b in pool.allocate(n)],
@@ -104,7 +105,9 @@ def pool_program(num_blocks: int, ops: list) -> list:
     seen = []
     for op, arg in ops:
         if op == "share":
-            pool.blocks[arg].ref_cnt += 1
+            held = [b for b in pool.blocks if b.ref_cnt > 0]
+            if held:
+                held[arg % len(held)].ref_cnt += 1
             result = ["ok", None]
         else:
             short = f"Cannot get {arg} free blocks from the pool"
@@ -137,7 +140,7 @@ def pool_random_program(rng):
             free = [i for i in range(n) if i not in held]
             held += free[:k] if k <= len(free) else []  # the model's guess of which ids: only their count matters
         elif roll < 0.6 and held:
-            ops.append(("share", rng.choice(held)))
+            ops.append(("share", rng.randrange(len(held))))
         elif held:
             ids = rng.sample(held, rng.randrange(1, len(held) + 1))
             ops.append(("free", ids))
