@@ -94,7 +94,7 @@ class KeyedFreeQueue:
         """The policy's hook: `block` leaves the free queue to be reused for other tokens."""
 
     def left(self, block: KVCacheBlock) -> None:
-        """The policy's hook: `block` left the free queue (reused, or taken back by a cache hit)."""
+        """The policy's hook: `block` left the free queue, taken back by a cache hit (`remove`)."""
 
     def append(self, block: KVCacheBlock) -> None:
         """A freed block: a cached one takes its place by key, another goes to the plain blocks."""
@@ -124,7 +124,6 @@ class KeyedFreeQueue:
             block = self._pop_keyed()
         self._where[block.block_id] = OUT
         self.num_free_blocks -= 1
-        self.left(block)
         self.taken(block)
         self.clock += 1
         if self.on_take is not None:
@@ -243,6 +242,10 @@ class SLRUQueue(LFUQueue):
         return (1, self.clock)
 
     def left(self, block: KVCacheBlock) -> None:
+        self._protected.pop(block, None)
+
+    def taken(self, block: KVCacheBlock) -> None:
+        super().taken(block)
         self._protected.pop(block, None)
 
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedlab.kv.eviction import EVICTION_POLICIES, BeladyQueue, NextUse
+from pagedlab.kv.block_pool import FreeKVCacheBlockQueue
+from pagedlab.kv.eviction import EVICTION_POLICIES, BeladyQueue, LRUQueue, NextUse
 from pagedlab.kv.hashing import HashChainIndex
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.radix import RadixIndex
@@ -42,78 +43,65 @@ TRANSFER_COST = 0.2  # a block promoted from the host tier costs this share of c
 
 
 class DeadWeight:
-    """Watches the index: which cached hashes are live (every ancestor cached), the evictions, the demotions to
-    the host tier. Dead weight = cached blocks - live ones. Every event is O(1) but for a block with cached
-    children, whose subtree changes state with it (rare but for policies that ignore the chain, such as FIFO)."""
+    """Mixed into an index class (see INDEXES): as the index inserts and evicts, it keeps which cached hashes are
+    live (every ancestor cached), counts evictions, and demotes evicted hashes to the host tier. Dead weight =
+    cached blocks - live ones. Each event is O(1) but for a block with cached children, whose subtree changes
+    state with it (rare but for policies that ignore the chain, such as FIFO)."""
 
-    def __init__(self, tier: HostTier | None):
-        self.parent: dict = {}  # cached hash -> its parent's hash (None for a first block)
-        self.children: dict = {}  # hash -> the cached hashes under it (no entry: none)
+    def __init__(self):
+        super().__init__()
+        self.parent_of: dict = {}  # cached hash -> its parent's hash (None for a first block)
+        self.children_of: dict = {}  # hash -> the cached hashes under it (no entry: none)
         self.live: set = set()  # cached hashes whose every ancestor is cached
         self.evictions = 0  # cached blocks evicted so far
-        self.tier = tier
+        self.tier: HostTier | None = None  # where evicted hashes are demoted, if anywhere
 
-    def inserted(self, block_hash, parent) -> None:
-        self.parent[block_hash] = parent
-        siblings = self.children.get(parent)
+    def insert(self, block, block_hash, parent=None) -> bool:
+        if not super().insert(block, block_hash, parent):
+            return False
+        self.parent_of[block_hash] = parent
+        siblings = self.children_of.get(parent)
         if siblings is None:
-            self.children[parent] = {block_hash}
+            self.children_of[parent] = {block_hash}
         else:
             siblings.add(block_hash)
         if self.tier is not None:
             self.tier.forget(block_hash)  # back in the pool: the tier stays exclusive
         if parent is None or parent in self.live:
             self.live.add(block_hash)
-            if block_hash in self.children:  # cached blocks under it were dead: reachable again
+            if block_hash in self.children_of:  # cached blocks under it were dead: reachable again
                 self._spread(block_hash, self.live.add, lambda h: h not in self.live)
+        return True
 
-    def evicted(self, block_hash) -> None:
+    def evict(self, block) -> None:
+        block_hash = block.block_hash
+        if block_hash is None:  # (the pool asks for every block it takes, cached or not)
+            return
+        super().evict(block)
         self.evictions += 1
-        parent = self.parent.pop(block_hash)
-        siblings = self.children[parent]
+        parent = self.parent_of.pop(block_hash)
+        siblings = self.children_of[parent]
         siblings.discard(block_hash)
         if not siblings:
-            del self.children[parent]
+            del self.children_of[parent]
         if block_hash in self.live:
             self.live.discard(block_hash)
-            if block_hash in self.children:  # its cached subtree can no longer be reached
+            if block_hash in self.children_of:  # its cached subtree can no longer be reached
                 self._spread(block_hash, self.live.discard, self.live.__contains__)
         if self.tier is not None:
             self.tier.demote(block_hash)
 
     def _spread(self, root, mark, follow) -> None:
         """Mark every cached block under `root` that `follow` accepts, and theirs."""
-        stack = [c for c in self.children[root] if follow(c)]
+        stack = [c for c in self.children_of[root] if follow(c)]
         while stack:
             h = stack.pop()
             mark(h)
-            stack.extend(c for c in self.children.get(h, ()) if follow(c))
-
-
-def _watched(index_cls: type) -> type:
-    """The index class, telling a DeadWeight what it inserts and evicts."""
-
-    class Watched(index_cls):
-        watcher: DeadWeight
-
-        def insert(self, block, block_hash, parent=None) -> bool:
-            if not super().insert(block, block_hash, parent):
-                return False
-            self.watcher.inserted(block_hash, parent)
-            return True
-
-        def evict(self, block) -> None:
-            block_hash = block.block_hash
-            if block_hash is not None:  # (the pool asks for every block it takes, cached or not)
-                super().evict(block)
-                self.watcher.evicted(block_hash)
-
-    Watched.__name__ = Watched.__qualname__ = f"Watched{index_cls.__name__}"
-    return Watched
+            stack.extend(c for c in self.children_of.get(h, ()) if follow(c))
 
 
 INDEXES = {"hash-chain": HashChainIndex, "radix": RadixIndex}  # the prefix indexes, by name
-_WATCHED = {name: _watched(cls) for name, cls in INDEXES.items()}
+_WATCHED = {name: type(f"Watched{cls.__name__}", (DeadWeight, cls), {}) for name, cls in INDEXES.items()}
 
 
 @dataclass(slots=True)
@@ -202,6 +190,8 @@ class Replay:
         self.requests = requests
         self.admitted = [r.num_blocks <= pool_blocks for r in requests]  # False: refused
         eviction, self.future = policy_cls, None
+        if policy_cls is LRUQueue and index == "hash-chain":
+            eviction = FreeKVCacheBlockQueue  # nothing to keep: the engine's own queue, exactly
         if policy_cls is BeladyQueue:  # MIN reads the future: the requests it will actually see
             self.future = NextUse([r.hash_ids for r, ok in zip(requests, self.admitted) if ok])
             eviction = BeladyQueue.for_future(self.future)
@@ -210,7 +200,8 @@ class Replay:
             eviction=eviction,
         )  # fmt: skip
         self.tier = HostTier(tier_blocks) if tier_blocks else None
-        self.watcher = self.kv.pool.index.watcher = DeadWeight(self.tier)
+        self.watcher: DeadWeight = self.kv.pool.index  # the index, with DeadWeight mixed in
+        self.watcher.tier = self.tier
         self.concurrency = concurrency
         self.in_flight: deque[InFlight] = deque()
 
