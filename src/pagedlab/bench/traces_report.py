@@ -225,6 +225,10 @@ def _plot_hits(ax, rows: list[dict], trace: str) -> None:
         got = [(p, r["hit_ratio"]) for p, r in got if r]
         if got:
             ax.plot(*zip(*got), style, color=colour, marker="o", markersize=3, label=policy.upper())
+    radix = [(p, find(rows, trace, "fifo", p, RADIX)) for p in sizes]
+    radix = [(p, r["hit_ratio"]) for p, r in radix if r]
+    if radix:  # the tree turns FIFO's stranded blocks back into hits
+        ax.plot(*zip(*radix), ":", color=STYLE["fifo"][0], marker="o", markersize=3, label="FIFO, radix")
     ceiling = find(rows, trace, "infinite", None)
     if ceiling:
         ax.axhline(ceiling["hit_ratio"], color="grey", linestyle=":", label=f"∞ {100 * ceiling['hit_ratio']:.1f} %")
@@ -262,8 +266,8 @@ def _plot_tier(ax, rows: list[dict], trace: str) -> None:
     ax.plot(sizes, [line["tiered"]["hit_ratio"] for line in lines], "-o", color="#d55e00", label="P + host tier P")
     ax.plot(sizes, [line["tiered"]["saved_ratio"] for line in lines], ":", color="#d55e00", label="  net of transfers")
     doubled = [(line["pool"], line["double"]["hit_ratio"]) for line in lines if line["double"]]
-    if doubled:
-        ax.plot(*zip(*doubled), "--", color="grey", label="2P alone (same bytes)")
+    if doubled:  # on top, and marked: it all but coincides with P + tier P
+        ax.plot(*zip(*doubled), "--x", color="black", markersize=6, zorder=3, label="2P alone (same bytes)")
     _log2_axis(ax, sizes)
     ax.set_xlabel("GPU pool P (blocks of 512 tokens)")
     ax.set_ylabel("prompt blocks hit")
