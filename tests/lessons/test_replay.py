@@ -43,6 +43,7 @@ def test_each_policy_on_a_trace_worked_by_hand(policy):
     result = replay(T1, policy, 3)
     hits, evictions = T1_HITS[policy]
     assert (result.hits, result.evictions) == (hits, evictions)
+    assert [h + m for h, m in zip(result.hits, result.misses)] == [len(r.hash_ids) for r in T1]
     assert result.prompt_blocks == 9 and result.refused == 0
     assert result.hit_ratio == sum(hits) / 9
     # FIFO strands 2 under the evicted 1 for the arrivals of requests 5 and 6; the others never strand a block
@@ -87,6 +88,7 @@ def test_the_bundled_conversation_trace_reaches_the_readme_ceiling():
 def test_a_request_larger_than_the_pool_is_refused_and_its_blocks_missed():
     result = replay([req(1, 2, 3), req(1), req(1, 2, 3)], "lru", 2)
     assert result.refused == 2 and result.hits == [0, 0, 0] and result.prompt_blocks == 7
+    assert result.misses == [3, 1, 3]
 
 
 def test_an_answer_takes_blocks_too():
@@ -109,6 +111,7 @@ def test_a_host_tier_keeps_what_the_pool_evicts():
     trace = [req(1), req(2), req(3), req(1), req(2)]
     result = replay(trace, "lru", 2, tier_blocks=2)
     assert result.hits == [0, 0, 0, 0, 0] and result.tier_hits == [0, 0, 0, 1, 1]
+    assert result.misses == [1, 1, 1, 0, 0]
     assert result.hit_ratio == 2 / 5 and result.saved_ratio == pytest.approx(2 * 0.8 / 5)
     assert replay(trace, "lru", 2).hit_ratio == 0
 

@@ -124,6 +124,7 @@ class ReplayResult:
     concurrency: int  # requests in flight at most
     hits: list[int] = field(default_factory=list)  # per request: prompt blocks found in the pool
     tier_hits: list[int] = field(default_factory=list)  # per request: prompt blocks promoted from the host tier
+    misses: list[int] = field(default_factory=list)  # per request: prompt blocks computed (all, if refused)
     evictions: list[int] = field(default_factory=list)  # per request: cached blocks evicted to make its room
     prompt_blocks: int = 0  # every prompt block of the trace, refused requests' included
     refused: int = 0  # requests that need more blocks than the pool has
@@ -211,7 +212,7 @@ class Replay:
             result.prompt_blocks += len(r.hash_ids)
             if not self.admitted[i]:
                 result.refused += 1
-                self.record(result, 0, 0, 0)  # every block a miss
+                self.record(result, len(r.hash_ids), 0, 0, 0)  # every block a miss
                 continue
             while len(self.in_flight) >= self.concurrency:
                 self.kv.free(self.in_flight.popleft())
@@ -242,12 +243,13 @@ class Replay:
         for j in range(len(hits), len(ids)):
             insert(table[j], ids[j], ids[j - 1] if j else None)
         self.in_flight.append(request)
-        self.record(result, len(hits), promoted, self.watcher.evictions - evictions)
+        self.record(result, len(ids), len(hits), promoted, self.watcher.evictions - evictions)
 
     @staticmethod
-    def record(result: ReplayResult, hits: int, promoted: int, evictions: int) -> None:
+    def record(result: ReplayResult, blocks: int, hits: int, promoted: int, evictions: int) -> None:
         result.hits.append(hits)
         result.tier_hits.append(promoted)
+        result.misses.append(blocks - hits - promoted)
         result.evictions.append(evictions)
 
     def lookup(self, ids) -> list:
