@@ -197,7 +197,9 @@ def draw_traces(rows: list[dict]) -> Figure:
         _plot_hits(hits_ax, rows, trace)
         _plot_dead(dead_ax, rows, trace)
         _plot_tier(tier_ax, rows, trace)
-    fig.suptitle("Mooncake traces replayed through the stage-4 prefix cache, blocks of 512 tokens, one at a time")
+    concurrency = max(r["concurrency"] for r in rows)
+    flight = "one at a time" if concurrency == 1 else f"up to {concurrency} in flight"
+    fig.suptitle(f"Mooncake traces replayed through the stage-4 prefix cache, blocks of 512 tokens, {flight}")
     fig.tight_layout()
     return fig
 
