@@ -96,6 +96,7 @@ def test_cli_json_is_one_object(capsys, tmp_path):
         (["bench", "traces", "--pool-sizes", "1024,lots"], "--pool-sizes: 'lots' is not a whole number"),
         (["bench", "traces", "--pool-sizes", "0"], "--pool-sizes: each must be a positive integer"),
         (["bench", "traces", "--jobs", "0"], "--jobs must be a positive integer"),
+        (["bench", "traces", "--concurrency", "0"], "--concurrency must be a positive integer"),
     ],
 )
 def test_a_bad_option_is_one_line(capsys, argv, message):

@@ -57,6 +57,8 @@ class Job:
 def plan(traces=None, policies=None, pool_sizes=None, concurrency: int = 1) -> list[Job]:
     """The replays of a sweep, in the order the rows come out."""
     traces, policies, pool_sizes = _check(traces, policies, pool_sizes)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"--concurrency must be a positive integer, got {concurrency!r}")
     jobs = []
     for trace in traces:
         jobs.append(Job(trace, "infinite", concurrency=concurrency))
