@@ -16,10 +16,10 @@ num_free_blocks), one rule for which cached block goes first:
            evicted only after every probationary one, so a burst of one-off prompts cannot flush it
     min    Belady's optimum: the block whose next use is furthest away; it reads the future (a trace)
 
-The keyed policies (all but LRU) reuse a block with no cached prefix (an
-answer's blocks) before any cached block, most recently freed first, as vLLM
-does; LRU keeps the engine's own order, in which such a block waits its turn
-at the tail like any other (until the pool prepends them, as vLLM's does).
+Every policy reuses a block with no cached prefix (an answer's blocks) before
+any cached block, most recently freed first, as vLLM does: the pool prepends
+such blocks (BlockPool.free), and the keyed policies (all but LRU, which is the
+engine's own queue) keep them ahead of every cached one.
 
 An index may ask the queue to `keep` a block for now: a tree of blocks
 (kv/radix.py) keeps a block whose children are cached, so that eviction takes
