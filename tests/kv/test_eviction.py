@@ -82,12 +82,9 @@ def test_a_block_without_a_hash_is_reused_before_any_cached_one(policy):
     pool = CachingBlockPool(4, HashChainIndex(), policy)
     cache(pool, "a", "b")
     taken = pool.allocate(2)
-    pool.free(taken)  # no hash: an answer's blocks, say
-    if policy is LRUQueue:  # the engine's own order (vLLM's reuses them first: issue 30 brings it)
-        assert evicted_next(pool) == "a"
-    else:
-        got = pool.free_block_queue.popleft_n(2)
-        assert all(b.block_hash is None for b in got) and set(ids(got)) == set(ids(taken))
+    pool.free(taken)  # no hash: an answer's blocks, say; the engine's own queue reuses them first, as vLLM's does
+    got = pool.free_block_queue.popleft_n(2)
+    assert all(b.block_hash is None for b in got) and set(ids(got)) == set(ids(taken))
 
 
 def test_min_evicts_the_furthest_next_use_and_the_deeper_block_on_a_tie():

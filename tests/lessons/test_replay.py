@@ -173,6 +173,16 @@ def test_the_tree_gives_the_chains_hits_where_it_must_and_never_strands_a_block(
         assert replay(trace, policy, pool, index="radix").dead_blocks_mean == 0
 
 
+@given(case=random_traces())
+def test_an_lru_tier_as_large_as_the_pool_is_a_pool_twice_as_large(case):
+    """One at a time, an exclusive LRU tier of P behind an LRU pool of P is one LRU list of 2P cut in two: the pool
+    hands out its blocks with no hash first, so cached blocks leave it oldest first, into the tier's newest end."""
+    trace, pool = case
+    pool = max(pool, max(r.num_blocks for r in trace))  # nothing refused by the smaller pool
+    tiered, doubled = replay(trace, "lru", pool, tier_blocks=pool), replay(trace, "lru", 2 * pool)
+    assert [a + b for a, b in zip(tiered.hits, tiered.tier_hits)] == doubled.hits
+
+
 @given(case=random_traces(), concurrency=st.integers(1, 4), policy=st.sampled_from(sorted(EVICTION_POLICIES)),
        index=st.sampled_from(sorted(INDEXES)), tier=st.integers(0, 3))  # fmt: skip
 def test_any_replay_keeps_the_pools_invariants_and_frees_everything(case, concurrency, policy, index, tier):
@@ -189,14 +199,17 @@ def test_any_replay_keeps_the_pools_invariants_and_frees_everything(case, concur
 def stage4_and_trace(seed: int):
     """Prompts of real tokens sharing beginnings, each 4k + 1 tokens (k full blocks of 4 and one token), with the
     trace that names the same blocks: ids for the full blocks' prefixes, a fresh id for the last token's block, and
-    the lengths scaled by 128 so that each request holds as many blocks of 512 as the engine's of 4."""
+    the lengths scaled by 128 so that each request holds as many blocks of 512 as the engine's of 4. Answers are 5 to
+    7 tokens: the engine's last prompt block then fills and is cached (to the free queue's tail, as the replay's
+    cached last block), and its one answer block is not (to the head, as the replay's answer block); an answer of
+    1 to 4 tokens would leave the engine's last block unhashed while the replay caches it under its id."""
     rng = random.Random(seed)
     starts = [[rng.randrange(3, 60) for _ in range(8)] for _ in range(3)]
     prompts, outs = [], []
     for _ in range(16):
         base = rng.choice(starts + [p[: 4 * ((len(p) - 1) // 4)] for p in prompts])
         prompt = base + [rng.randrange(3, 60) for _ in range(4 * rng.randrange(0, 2))] + [rng.randrange(3, 60)]
-        prompts.append(prompt), outs.append(rng.randrange(1, 9))
+        prompts.append(prompt), outs.append(rng.randrange(5, 8))
     ids: dict = {}
     trace = []
     for i, (prompt, out) in enumerate(zip(prompts, outs)):
