@@ -23,10 +23,11 @@ prefix of a prompt: look its block hashes up in order until one misses.
     hits:    block 4, block 9            (h2 misses: h3's block is never reached through this prompt)
 
 The caching pool (kv/prefix.py) holds one index and asks it three things:
-`get` a hash, `insert` a block that has just filled, `evict` a block that is
-reused for other tokens. Which free block is reused first is the eviction
-policy, the free queue's order (kv/block_pool.py: least recently used first,
-as vLLM's). Another index (a radix tree over the tokens themselves) is a
+`get` a hash, `insert` a block that has just filled (with its parent's hash),
+`evict` a block that is reused for other tokens. Which free block is reused
+first is the eviction policy, the free queue's order (kv/block_pool.py: least
+recently used first, as vLLM's; its siblings in kv/eviction.py). Another index,
+a tree of blocks that evicts leaves first (kv/radix.py, SGLang's idea), is a
 sibling class with these methods in its own file, named by a stage preset's
 `kv_parts` (stages.py).
 vLLM: vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH, generate_block_hash_extra_keys),
@@ -101,9 +102,11 @@ class HashChainIndex:
         """The block registered under `block_hash`, or None."""
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def insert(self, block: KVCacheBlock, block_hash) -> bool:
+    def insert(self, block: KVCacheBlock, block_hash, parent=None) -> bool:
         """Register a just-filled block: set block.block_hash, map the hash to the block, return True. If the hash
-        is already mapped (another block holds this prefix), change nothing and return False."""
+        is already mapped (another block holds this prefix), change nothing and return False. `parent`: the hash
+        of the block before it (None for a first block); a chained hash already names the whole prefix, so this
+        index ignores it (a tree of blocks, kv/radix.py, hangs the block under it)."""
         if block_hash in self.cached_block_hash_to_block:
             return False  # computed twice in one step: keep the first, this one stays uncached
         block.block_hash = block_hash
@@ -118,6 +121,10 @@ class HashChainIndex:
             block.block_hash = None
 
     # END SOLUTION
+
+    def attach(self, free_queue) -> None:
+        """The pool's free queue, given as the pool is built: a flat map lets the eviction policy take any free
+        block (a tree of blocks, kv/radix.py, asks it to keep a block whose children are cached)."""
 
     def reset(self) -> None:
         """Forget every hash (vLLM's reset_prefix_cache)."""

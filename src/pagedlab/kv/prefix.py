@@ -36,6 +36,7 @@ class CachingBlockPool(BlockPool):
     def __init__(self, num_blocks: int, index=None, free_queue: type | None = None):
         super().__init__(num_blocks, free_queue)  # the free queue's order is the eviction policy
         self.index = HashChainIndex() if index is None else index  # block hash -> the block holding that prefix
+        self.index.attach(self.free_block_queue)  # an index may constrain the order (kv/radix.py: leaves first)
 
     @property
     def cached_block_hash_to_block(self) -> dict:
@@ -177,7 +178,8 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         blocks = self.req_to_blocks[request.request_id]
         for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
             if blocks[i] is not self.window.null_block:  # a block a window dropped was cached when it filled
-                self.pool.index.insert(blocks[i], request.block_hashes[i])
+                parent = request.block_hashes[i - 1] if i else None  # a tree of blocks hangs it there
+                self.pool.index.insert(blocks[i], request.block_hashes[i], parent)
         self.num_cached_blocks[request.request_id] = num_full
 
     # END SOLUTION

@@ -116,6 +116,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
+    options.update(_trace_options(args))
     if args.url is not None or args.model is not None:
         if args.name != "serve":
             raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
@@ -123,6 +124,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
     run_bench(args.name, as_json=args.json, figure=figure, **options)
     return 0
+
+
+def _trace_options(args: argparse.Namespace) -> dict:
+    """`bench traces`'s own options (a comma list each), refused for any other bench."""
+    given = {
+        "traces": args.trace and [args.trace],
+        "policies": args.policies and args.policies.split(","),
+        "pool_sizes": args.pool_sizes and [_count(s, "--pool-sizes") for s in args.pool_sizes.split(",")],
+        "concurrency": args.concurrency,
+        "jobs": args.jobs,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and args.name != "traces":
+        flags = ", ".join(TRACE_FLAGS[k] for k in given)
+        raise ValueError(f"{flags}: only `pagedlab bench traces` takes it, not {args.name}")
+    return given
+
+
+TRACE_FLAGS = {"traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
+               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
+
+
+def _count(text: str, flag: str) -> int:
+    try:
+        return int(text.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a whole number (a comma list, e.g. 1024,4096)") from None
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
@@ -480,6 +508,18 @@ def _add_assignment(sub) -> None:
     a.set_defaults(func=_cmd_assignment)
 
 
+def _add_trace_arguments(bench: argparse.ArgumentParser) -> None:
+    """The options of `pagedlab bench traces` (chapters/04-prefix-caching.md, Real traffic)."""
+    bench.add_argument("--trace", default=None, help="traces: conversation or synthetic (default: both)")
+    bench.add_argument("--policies", default=None, help="traces: a comma list of lru,fifo,lfu,slru,min (default: all)")
+    bench.add_argument(
+        "--pool-sizes", default=None, help="traces: pool sizes in blocks of 512 tokens, a comma list (default: 512 "
+        "to 65536, doubling)"
+    )  # fmt: skip
+    bench.add_argument("--concurrency", type=int, default=None, help="traces: requests in flight at most (default 1)")
+    bench.add_argument("--jobs", type=int, default=None, help="traces: replays at once, one process each (default 2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -542,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
     repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
     bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    _add_trace_arguments(bench)
     bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
                        "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
     bench.add_argument("--model", default=None, help="serve --url: the model to ask for (default: the first listed)")
@@ -555,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument(
         "--rerun-benches",
         action="store_true",
-        help="measure the four bench figures again (minutes) instead of redrawing them from their JSON",
+        help="measure the bench figures again (minutes) instead of redrawing them from their JSON",
     )
     figs.set_defaults(func=_cmd_figures)
 
