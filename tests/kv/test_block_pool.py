@@ -4,6 +4,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 pytestmark = pytest.mark.stage2
@@ -107,6 +108,18 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.pytestmark = [pytest.mark.task("free-queue"), pytest.mark.task("pool-allocate-free")]
+
+
+def test_a_double_free_in_one_call_raises_and_leaks_nothing():
+    """free() queues the blocks that reached ref_cnt 0 together (uncached to the head, cached to the tail); one that
+    raises half-way must still leave every block it had freed in the queue."""
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    with pytest.raises(InvariantError, match="freed twice"):
+        pool.free([a, b, a])
+    assert a.ref_cnt == b.ref_cnt == 0 and pool.num_free == 4
+    assert [x.block_id for x in pool.free_block_queue.get_all_free_blocks()] == [0, 1, 2, 3]
+    pool.check_invariants()
 
 
 def test_a_deep_copy_of_a_big_pool_keeps_its_queue_and_does_not_recurse_per_block():
