@@ -101,17 +101,23 @@ class Payload:
         return (exec, (code,))
 """
 
-NP_LOAD = PICKLE_PAYLOAD + """
+NP_LOAD = (
+    PICKLE_PAYLOAD
+    + """
 import numpy as np
 np.load(io.BytesIO(pickle.dumps(Payload())), allow_pickle=True)
 return []
 """
+)
 
-TORCH_LOAD = PICKLE_PAYLOAD + """
+TORCH_LOAD = (
+    PICKLE_PAYLOAD
+    + """
 import torch
 torch.load(io.BytesIO(pickle.dumps(Payload())), weights_only=False)
 return None
 """
+)
 
 FORMAT_SAVETXT = """
 import numpy as np

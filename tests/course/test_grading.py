@@ -154,7 +154,7 @@ def test_the_report_gives_each_task_its_score_first_failure_and_first_failing_te
     text = result["output"]
     assert "not started: 4 tasks" in text, text
     block = text.split("free-queue", 1)[1]
-    assert "pops_from_the_head_and_appends_at_the_tail: op 1 (\"popleft\")" in block
+    assert 'pops_from_the_head_and_appends_at_the_tail: op 1 ("popleft")' in block
     assert "test tests/kv/test_block_pool.py::test_queue_pops_from_the_head_and_appends_at_the_tail" in block
     assert "assert" in block.split("test tests/kv/test_block_pool.py", 1)[1].splitlines()[0]
     (row,) = [t for t in result["tasks"] if t["id"] == "free-queue"]

@@ -41,7 +41,7 @@ def check_hidden_tests(extra_tests, task_ids: list[str]) -> Path | None:
             raise ValueError(f"--extra-tests: {path.name} tags {unknown}, not tasks of this stage ({task_ids})")
         if not tags:
             raise ValueError(
-                f"--extra-tests: {path.name} tags no task: add pytestmark = pytest.mark.task(\"{task_ids[0]}\") "
+                f'--extra-tests: {path.name} tags no task: add pytestmark = pytest.mark.task("{task_ids[0]}") '
                 "(or mark each test); an untagged hidden test would never run"
             )
     return folder

@@ -234,7 +234,7 @@ def _verdict(name: str, want, got: dict, why: dict) -> str | None:
 
 
 def _error_text(msg: dict) -> str:
-    """"raised NotImplementedError at kv/block_pool.py:62": a type name and a place, never the message."""
+    """ "raised NotImplementedError at kv/block_pool.py:62": a type name and a place, never the message."""
     kind = msg.get("error") if isinstance(msg.get("error"), str) and msg["error"].isidentifier() else "an exception"
     at = msg.get("at")
     ok = isinstance(at, list) and len(at) == 2 and isinstance(at[0], str) and isinstance(at[1], int)
@@ -275,4 +275,3 @@ def failed_grading(message: str) -> dict:
 
 def print_grades(result: dict, out=None) -> None:
     print(result["output"], file=out or sys.stderr)
-

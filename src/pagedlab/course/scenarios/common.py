@@ -128,8 +128,11 @@ def _add(sched, a: Arrival, requests: dict) -> str:
         group = beams.live * a.beam_width
     else:
         params = SamplingParams(n=a.n, max_tokens=max_tokens, seed=a.step)
-        beams, group = None, Request.new_group(
-            a.rid, a.prompt, params, max_tokens, (EOS,), float(a.step), a.priority, a.cache_salt, None
+        beams, group = (
+            None,
+            Request.new_group(
+                a.rid, a.prompt, params, max_tokens, (EOS,), float(a.step), a.priority, a.cache_salt, None
+            ),
         )
     try:
         sched.check_admissible(group)

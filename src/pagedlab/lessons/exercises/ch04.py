@@ -134,4 +134,11 @@ EXERCISES = [
     ),
     Exercise("04.5", "Hits within a batch", solution=True),
     Exercise("04.6", "Read vLLM", solution=True),
+    Exercise(
+        "04.7",
+        "A policy of your own",
+        solution=True,
+        graded="a policy as a key and two hooks, placed between LRU and MIN on both traces, and explained",
+    ),
+    Exercise("04.8", "Requests in flight", solution=True),
 ]
