@@ -100,8 +100,17 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
 
+    from pagedlab.config import DTYPES, parse_bytes
+
     options = {} if args.repeats is None else {"repeats": args.repeats}
-    run_bench(args.name, as_json=args.json, figure=not args.no_figure, **options)
+    if args.kv_budget is not None:
+        options["kv_budgets"] = (parse_bytes(args.kv_budget, "--kv-budget"),)
+    if args.dtype is not None:
+        options["dtypes"] = tuple(d.strip() for d in args.dtype.split(","))
+        bad = [d for d in options["dtypes"] if d not in DTYPES]
+        if bad or not options["dtypes"]:
+            raise ValueError(f"--dtype: {args.dtype!r}: each of a comma list must be one of {tuple(DTYPES)}")
+    run_bench(args.name, as_json=args.json, figure=not args.no_figure, threads=args.threads, **options)
     return 0
 
 
@@ -484,6 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
     rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
     repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
     bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    bench.add_argument("--threads", type=int, default=1, help="torch threads while it measures (default 1)")
+    bench.add_argument(
+        "--kv-budget",
+        default=None,
+        metavar="BYTES",
+        help="real: give every system this many bytes of KV cache (e.g. 64MiB) instead of sweeping the default budgets",
+    )
+    bench.add_argument(
+        "--dtype", default=None, help="real: float32 (default), bfloat16, or both as 'float32,bfloat16'"
+    )
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(
