@@ -41,6 +41,24 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def progress(console, total: int, what: str):
+    """A progress bar on the bench's console (stderr) for `total` timed runs; yields `tick(label)`, called as each
+    run starts: the bar shows what runs now and how many have finished, with the time so far."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task, started = bar.add_task(what, total=total), [0]
+
+        def tick(label: str) -> None:
+            bar.update(task, completed=started[0], description=f"{what}: {label}")
+            started[0] += 1
+
+        yield tick
+        bar.update(task, completed=total)
+
+
 def corpus_token_ids(tokenizer=None, num_chars: int | None = None) -> list[int]:
     """The bundled corpus (its first `num_chars` characters; all by default) as a tokenizer encodes it (the
     bundled one by default: <bos> first)."""

@@ -36,6 +36,7 @@ import math
 import random
 import statistics
 
+from pagedlab.bench.common import progress
 from pagedlab.bench.real_systems import ENGINE_STAGES, hf_static_batch
 from pagedlab.bench.rounds import round_robin, spread
 from pagedlab.bench.runs import BenchRequest, Run, best_run, hf_generate_job, serve_engine
@@ -175,15 +176,17 @@ def real_rows(
     from pagedlab.bench.real_profile import step_profile_rows
 
     rows, tokens = [], {}
-    for dtype in dtypes:
-        systems = SystemSet(model, num_requests, seed, dtype, length_scale, output_cap)
-        for budget in kv_budgets:
-            rounds = repeats if budget == DEFAULT_BUDGET or len(kv_budgets) == 1 else 1
-            new, made = systems.measure(console, budget, rounds)
-            rows += new
-            tokens |= made
-        systems.close()
-        rows += step_profile_rows(console, model, dtype, systems.stream, profile_batches, profile_steps)
+    rounds = {b: repeats if b == DEFAULT_BUDGET or len(kv_budgets) == 1 else 1 for b in kv_budgets}
+    total = len(dtypes) * (len(SYSTEMS) * sum(rounds.values()) + len(profile_batches))
+    with progress(console, total, "real") as tick:
+        for dtype in dtypes:
+            systems = SystemSet(model, num_requests, seed, dtype, length_scale, output_cap)
+            for budget in kv_budgets:
+                new, made = systems.measure(console, budget, rounds[budget], tick)
+                rows += new
+                tokens |= made
+            systems.close()
+            rows += step_profile_rows(console, model, dtype, systems.stream, profile_batches, profile_steps, tick)
     add_comparisons(rows, tokens)
     common = {"model": model, "block_size": BLOCK_SIZE, "seed": seed, "max_num_seqs": MAX_NUM_SEQS}
     common |= {"length_scale": length_scale, "output_cap": output_cap, "repeats": repeats}
@@ -222,12 +225,17 @@ class SystemSet:
         jobs[HF_BATCH] = systems.hf_batch_job(self.hf_batch, self.stream, pages, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
         return jobs, batches
 
-    def measure(self, console, budget: int, rounds: int) -> tuple[list[dict], dict]:
+    def measure(self, console, budget: int, rounds: int, tick) -> tuple[list[dict], dict]:
         from pagedlab.config import format_bytes
 
         jobs, batches = self.jobs(budget)
-        say = f"real: {self.dtype}, KV budget {format_bytes(budget)}"
-        runs = round_robin(jobs, rounds, lambda name, i: console.print(f"[dim]{say}, round {i} of {rounds}, {name} …"))
+        say = f"{self.dtype}, KV budget {format_bytes(budget)}"
+
+        def announce(name, i):
+            console.print(f"[dim]real: {say}, round {i} of {rounds}, {name} …")
+            tick(f"{say}, {name}")
+
+        runs = round_robin(jobs, rounds, announce)
         rows = [run_row(name, runs[name], budget, self.dtype, batches.get(name)) for name in SYSTEMS]
         fastest = {name: best_run(name, rs) for name, rs in runs.items()}
         tokens = {(self.dtype, budget, name): r.token_ids for name, r in fastest.items() if r is not None}

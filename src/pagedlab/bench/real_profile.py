@@ -29,13 +29,15 @@ from pagedlab.bench.runs import BenchRequest
 WARM_STEPS = 2  # decode steps run before the timed ones (torch's first calls at this shape)
 
 
-def step_profile_rows(console, model: str, dtype: str, stream: list[BenchRequest], batches, steps: int) -> list[dict]:
+def step_profile_rows(console, model: str, dtype: str, stream: list[BenchRequest], batches, steps: int, tick=None):
     """A row per batch size: the decode step, its matmuls and its attention, each timed alone."""
     from pagedlab.bench.real import PROFILE, empty_row
 
     rows = []
     for batch in batches:
         console.print(f"[dim]real: {dtype}, step profile at batch {batch} …")
+        if tick is not None:
+            tick(f"{dtype}, step profile at batch {batch}")
         profile = profile_decode(model, dtype, stream, batch, steps)
         row = empty_row(PROFILE) | {"dtype": dtype, "batch": batch, "runs": steps} | profile
         rows.append(row | {"step_vs_matmul": row["decode_step_ms"] / row["matmul_step_ms"]})
@@ -53,7 +55,7 @@ def profile_decode(model: str, dtype: str, stream: list[BenchRequest], batch: in
     longest = max(map(len, prompts)) + WARM_STEPS + steps + 2
     llm = engine_llm(model, CONTINUOUS, dtype, batch * -(-longest // BLOCK_SIZE), max_num_seqs=batch,
                      block_size=BLOCK_SIZE, max_num_batched_tokens=sum(map(len, prompts)))  # fmt: skip
-    engine, metas = llm.engine, []
+    engine = llm.engine
     params = SamplingParams(max_tokens=WARM_STEPS + steps + 3, temperature=0.0, ignore_eos=True)  # + the attention's
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": list(prompt)}, params)

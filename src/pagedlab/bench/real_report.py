@@ -154,7 +154,7 @@ def tables(rows: list[dict]) -> dict[str, Table]:
 
 
 def report(console, rows: list[dict]) -> None:
-    for name, table in TABLES.items():
+    for table in TABLES.values():
         if table.lines(rows):
             console.print(table.rich(rows))
     for line in target_lines(rows):
@@ -182,7 +182,8 @@ def _target_line(cont: dict, base: str, row: dict | None) -> str:
         return f"{CONTINUOUS} vs {base}: no ratio at {budget}, {base} has no speed on this run ({why})"
     ratio, target = cont["tokens_per_s"] / row["tokens_per_s"], TARGETS[base]
     verdict = "meets" if ratio >= target else "is below"
-    head = f"{CONTINUOUS} ÷ {base} at {budget}: {ratio:.2f}x tokens/s, which {verdict} the {target:g}x target on this run."
+    head = f"{CONTINUOUS} ÷ {base} at {budget}: {ratio:.2f}x tokens/s, which {verdict} the {target:g}x target"
+    head += " on this run."
     if cont["mean_running"] and row["mean_running"]:
         batch = cont["mean_running"] / row["mean_running"]
         head += (

@@ -27,7 +27,7 @@ import random
 import statistics
 import time
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, progress, timing_llm
 from pagedlab.bench.rounds import round_robin
 from pagedlab.bench.workloads import sample_requests
 
@@ -124,7 +124,13 @@ def serve_rows(console, rates=RATES, num_requests: int = NUM_REQUESTS, repeats: 
             for rate in rates
             for name in SYSTEMS
         }
-        results = round_robin(jobs, repeats, lambda job, i: console.print(f"[dim]round {i}: {job}[/dim]"))
+        with progress(console, repeats * len(jobs), "serve") as tick:
+
+            def announce(job, i):
+                console.print(f"[dim]round {i}: {job}[/dim]")
+                tick(f"round {i}, {job}")
+
+            results = round_robin(jobs, repeats, announce)
     finally:
         for server in servers.values():
             server.close()

@@ -99,7 +99,6 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
-
     from pagedlab.config import DTYPES, parse_bytes
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
