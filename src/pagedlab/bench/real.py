@@ -215,11 +215,15 @@ class SystemSet:
 
         blocks = budget // (BLOCK_SIZE * self.per_token)
         jobs, batches = {}, {}
+        longest = max(len(r.prompt_token_ids) + r.max_tokens for r in self.stream)
         for name in ENGINE_STAGES:
+            if blocks * BLOCK_SIZE < longest:  # the pool could never hold the longest request (a ValueError)
+                jobs[name] = functools.partial(failed_run, f"{blocks} blocks hold no {longest}-token request")
+                continue
             self.llms[name] = llm = systems.engine_llm(self.model, name, self.dtype, blocks, **ENGINE_ARGS)
             serve_engine(llm, self.stream[:2], ignore_eos=True)  # torch's first calls
             jobs[name] = functools.partial(serve_engine, llm, self.stream, ignore_eos=True)
-        batches[HF] = rows = hf_static_batch(self.stream, budget, self.per_token)
+        batches[HF] = rows = hf_static_batch(self.stream, budget, self.per_token, MAX_NUM_SEQS)
         jobs[HF] = hf_generate_job(None, self.stream, rows, ignore_eos=True, hf_model=self.hf_generate)
         pages = systems.hf_batch_pages(budget, self.per_token)
         jobs[HF_BATCH] = systems.hf_batch_job(self.hf_batch, self.stream, pages, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)
@@ -243,6 +247,11 @@ class SystemSet:
 
     def close(self) -> None:
         self.llms.clear()
+
+
+def failed_run(why: str) -> Run:
+    """A run that could not happen at this budget: its row says why instead of a speed."""
+    return Run([], [], [], math.nan, math.nan, None, error=why)
 
 
 ENGINE_ARGS = {"block_size": BLOCK_SIZE, "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS}

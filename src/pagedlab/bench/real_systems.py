@@ -58,11 +58,11 @@ def engine_llm(model: str, system: str, dtype: str, num_kv_blocks: int, **engine
                record_trace=True, **engine_args)  # fmt: skip
 
 
-def hf_static_batch(stream: list[BenchRequest], budget: int, bytes_per_token: int) -> int:
+def hf_static_batch(stream: list[BenchRequest], budget: int, bytes_per_token: int, seats: int) -> int:
     """The rows of hf-generate: the largest batch whose padded worst case (the longest prompt plus the largest
-    max_tokens, in every row) fits the budget; 0 if not even one row does."""
+    max_tokens, in every row) fits the budget, at most `seats` (as every system); 0 if not even one row fits."""
     worst = max(len(r.prompt_token_ids) for r in stream) + max(r.max_tokens for r in stream)
-    return budget // (worst * bytes_per_token)
+    return min(seats, budget // (worst * bytes_per_token))
 
 
 def hf_batch_pages(budget: int, bytes_per_token: int, page_size: int = HF_PAGE_SIZE) -> int:
