@@ -83,7 +83,7 @@ BENCHES: dict[str, Bench] = {
               "6 min (SmolLM2-135M-Instruct, 4 systems at 4 KV budgets, then the step profile; needs `pagedlab "
               "fetch smollm2`)", 360,
               "real:real_rows", "real_report:report", "real_report:tables", "07_real", "real_report:draw_real",
-              "real_report:start_line", repeats=2, options=("kv_budgets", "dtypes")),
+              "real_report:start_line", repeats=2, options=("kv_budgets", "dtypes", "device")),
         Bench("serve", "Figure 12 at our scale: pagedlab serve under Poisson load, continuous vs static",
               "70 s (pagedlab serve on 127.0.0.1: 2 systems x 3 Poisson rates x 2 rounds, the openai client)", 70,
               "serve:serve_rows", "serve_report:report", "serve_report:tables", "08_serve", "serve_report:draw_serve",
@@ -158,7 +158,8 @@ def _check_options(bench: Bench, options: dict, threads) -> None:
             raise ValueError(f"{CLI_OPTIONS[option]}: only {', '.join(takers)} takes it, not {bench.name}")
 
 
-CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "peer": "--peer"}  # option -> its command-line flag
+# the bench-specific options, each by its command-line flag
+CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "device": "--device", "peer": "--peer"}
 
 
 def save_bench_figure(bench: Bench, rows: list[dict], figures_dir: str | Path) -> Path:

@@ -170,6 +170,7 @@ def real_rows(
     output_cap: int = OUTPUT_CAP,
     profile_batches: tuple[int, ...] = (8, 32),
     profile_steps: int = 8,
+    device: str = "cpu",
 ) -> list[dict]:
     """Every system at every budget and dtype, taking turns (the default budget for `repeats` rounds, the others
     once); then the step profile. Progress on the console."""
@@ -180,15 +181,16 @@ def real_rows(
     total = len(dtypes) * (len(SYSTEMS) * sum(rounds.values()) + len(profile_batches))
     with progress(console, total, "real") as tick:
         for dtype in dtypes:
-            systems = SystemSet(model, num_requests, seed, dtype, length_scale, output_cap)
+            systems = SystemSet(model, num_requests, seed, dtype, length_scale, output_cap, device)
             for budget in kv_budgets:
                 new, made = systems.measure(console, budget, rounds[budget], tick)
                 rows += new
                 tokens |= made
             systems.close()
-            rows += step_profile_rows(console, model, dtype, systems.stream, profile_batches, profile_steps, tick)
+            profile = (profile_batches, profile_steps, tick, device)
+            rows += step_profile_rows(console, model, dtype, systems.stream, *profile)
     add_comparisons(rows, tokens)
-    common = {"model": model, "block_size": BLOCK_SIZE, "seed": seed, "max_num_seqs": MAX_NUM_SEQS}
+    common = {"model": model, "block_size": BLOCK_SIZE, "seed": seed, "max_num_seqs": MAX_NUM_SEQS, "device": device}
     common |= {"length_scale": length_scale, "output_cap": output_cap, "repeats": repeats}
     return [row | common for row in rows]
 
@@ -196,18 +198,19 @@ def real_rows(
 class SystemSet:
     """The four systems for one dtype, loaded once and resized for each budget; the stream they all serve."""
 
-    def __init__(self, model, num_requests, seed, dtype, length_scale, output_cap):
+    def __init__(self, model, num_requests, seed, dtype, length_scale, output_cap, device):
         from pagedlab.bench import real_systems as systems
         from pagedlab.config import kv_bytes_per_token
         from pagedlab.model.loader import load_model_config
         from pagedlab.model.tokenizer import Tokenizer
 
         self.folder, model_config = load_model_config(model)
-        self.model, self.dtype, self.per_token = model, dtype, kv_bytes_per_token(model_config, dtype)
+        self.model, self.dtype, self.device = model, dtype, device
+        self.per_token = kv_bytes_per_token(model_config, dtype)
         self.stream = make_stream(Tokenizer.from_folder(self.folder), num_requests, seed, length_scale, output_cap)
         self.llms: dict[str, object] = {}
-        self.hf_generate = systems.load_hf(self.folder, dtype)
-        self.hf_batch = systems.hf_batch_model(self.folder, dtype)
+        self.hf_generate = systems.load_hf(self.folder, dtype, device)
+        self.hf_batch = systems.hf_batch_model(self.folder, dtype, device)
 
     def jobs(self, budget: int) -> tuple[dict, dict]:
         """system -> a call that serves the stream once at `budget`; system -> the batch it may run (or None)."""
@@ -220,7 +223,8 @@ class SystemSet:
             if blocks * BLOCK_SIZE < longest:  # the pool could never hold the longest request (a ValueError)
                 jobs[name] = functools.partial(failed_run, f"{blocks} blocks hold no {longest}-token request")
                 continue
-            self.llms[name] = llm = systems.engine_llm(self.model, name, self.dtype, blocks, **ENGINE_ARGS)
+            llm = systems.engine_llm(self.model, name, self.dtype, blocks, self.device, **ENGINE_ARGS)
+            self.llms[name] = llm
             serve_engine(llm, self.stream[:2], ignore_eos=True)  # torch's first calls
             jobs[name] = functools.partial(serve_engine, llm, self.stream, ignore_eos=True)
         batches[HF] = rows = hf_static_batch(self.stream, budget, self.per_token, MAX_NUM_SEQS)

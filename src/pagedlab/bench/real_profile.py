@@ -29,7 +29,7 @@ from pagedlab.bench.runs import BenchRequest
 WARM_STEPS = 2  # decode steps run before the timed ones (torch's first calls at this shape)
 
 
-def step_profile_rows(console, model: str, dtype: str, stream: list[BenchRequest], batches, steps: int, tick=None):
+def step_profile_rows(console, model, dtype, stream: list[BenchRequest], batches, steps, tick=None, device="cpu"):
     """A row per batch size: the decode step, its matmuls and its attention, each timed alone."""
     from pagedlab.bench.real import PROFILE, empty_row
 
@@ -38,13 +38,13 @@ def step_profile_rows(console, model: str, dtype: str, stream: list[BenchRequest
         console.print(f"[dim]real: {dtype}, step profile at batch {batch} …")
         if tick is not None:
             tick(f"{dtype}, step profile at batch {batch}")
-        profile = profile_decode(model, dtype, stream, batch, steps)
+        profile = profile_decode(model, dtype, stream, batch, steps, device)
         row = empty_row(PROFILE) | {"dtype": dtype, "batch": batch, "runs": steps} | profile
         rows.append(row | {"step_vs_matmul": row["decode_step_ms"] / row["matmul_step_ms"]})
     return rows
 
 
-def profile_decode(model: str, dtype: str, stream: list[BenchRequest], batch: int, steps: int) -> dict:
+def profile_decode(model: str, dtype: str, stream: list[BenchRequest], batch: int, steps: int, device: str) -> dict:
     """Serve `batch` of the stream's prompts (cycled) until all decode, then time decode steps and their parts."""
     from pagedlab.bench.real import BLOCK_SIZE, CONTINUOUS
     from pagedlab.bench.real_systems import engine_llm, linear_weights, matmul_step_seconds
@@ -53,7 +53,7 @@ def profile_decode(model: str, dtype: str, stream: list[BenchRequest], batch: in
 
     prompts = [stream[i % len(stream)].prompt_token_ids for i in range(batch)]
     longest = max(map(len, prompts)) + WARM_STEPS + steps + 2
-    llm = engine_llm(model, CONTINUOUS, dtype, batch * -(-longest // BLOCK_SIZE), max_num_seqs=batch,
+    llm = engine_llm(model, CONTINUOUS, dtype, batch * -(-longest // BLOCK_SIZE), device, max_num_seqs=batch,
                      block_size=BLOCK_SIZE, max_num_batched_tokens=sum(map(len, prompts)))  # fmt: skip
     engine = llm.engine
     params = SamplingParams(max_tokens=WARM_STEPS + steps + 3, temperature=0.0, ignore_eos=True)  # + the attention's
@@ -86,6 +86,8 @@ def attention_seconds(llm, prompts, steps: int) -> float:
     metadata (captured from the runner as it prepares that step; its K/V writes land in the same slots)."""
     import torch
 
+    from pagedlab.bench.real_systems import synchronize
+
     runner = llm.engine.runner
     attention, captured = runner.attention, []
     prepare = attention.prepare
@@ -96,14 +98,17 @@ def attention_seconds(llm, prompts, steps: int) -> float:
         del attention.prepare  # the class's own again
     meta, cfg = captured[-1], llm.loaded.config
     n, dtype = len(meta.seq_lens_cpu), attention.kv_cache.dtype
-    q = torch.randn(n, cfg.num_attention_heads, cfg.head_dim, dtype=dtype)
-    k = torch.randn(n, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype)
+    device = attention.kv_cache.device
+    q = torch.randn(n, cfg.num_attention_heads, cfg.head_dim, dtype=dtype, device=device)
+    k = torch.randn(n, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype, device=device)
     times = []
     with torch.inference_mode():
         for _ in range(steps):
+            synchronize(device)
             start = time.perf_counter()
             attention.prepare(meta)
             for layer in range(cfg.num_hidden_layers):
                 attention.forward(layer, q, k, k, meta)
+            synchronize(device)
             times.append(time.perf_counter() - start)
     return min(times)

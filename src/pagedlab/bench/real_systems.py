@@ -47,7 +47,7 @@ ROOFLINE_STEPS = 5  # decode steps of matmuls timed per round
 HF_PAGE_SIZE = 16  # tokens a page of its cache holds: pagedlab's block, not its default 256, so no system wastes more
 
 
-def engine_llm(model: str, system: str, dtype: str, num_kv_blocks: int, **engine_args):
+def engine_llm(model: str, system: str, dtype: str, num_kv_blocks: int, device: str = "cpu", **engine_args):
     """A pagedlab LLM for a timed run, with the tiled torch attention at either stage (as bench/common.py's
     timing_llm does for the bundled model): static and continuous differ in their scheduler only. It records
     its trace (the step profile and the running counts come from it)."""
@@ -55,7 +55,7 @@ def engine_llm(model: str, system: str, dtype: str, num_kv_blocks: int, **engine
 
     stage = ENGINE_STAGES[system]
     return LLM(model, stage=stage, attention_backend="tiled", dtype=dtype, num_kv_blocks=num_kv_blocks,
-               record_trace=True, **engine_args)  # fmt: skip
+               device=device, record_trace=True, **engine_args)  # fmt: skip
 
 
 def hf_static_batch(stream: list[BenchRequest], budget: int, bytes_per_token: int, seats: int) -> int:
@@ -70,17 +70,17 @@ def hf_batch_pages(budget: int, bytes_per_token: int, page_size: int = HF_PAGE_S
     return budget // (page_size * bytes_per_token)
 
 
-def load_hf(folder, dtype: str):
+def load_hf(folder, dtype: str, device: str = "cpu"):
     """transformers' model for hf-generate, warmed up by its first job."""
-    return load_hf_model(folder, dtype)
+    return load_hf_model(folder, dtype, device)
 
 
-def hf_batch_model(folder, dtype: str):
+def hf_batch_model(folder, dtype: str, device: str = "cpu"):
     """transformers' model for hf-generate-batch, its own instance, with the pre-hook that keeps its generation
     thread on our torch threads and notes each step's requests (`model.cb_steps`)."""
     import torch
 
-    hf_model = load_hf_model(folder, dtype)
+    hf_model = load_hf_model(folder, dtype, device)
     threads = torch.get_num_threads()
     hf_model.cb_steps = []  # per forward: (torch threads, requests in the step)
 
@@ -154,15 +154,25 @@ def matmul_step_seconds(weights: list, batch: int, steps: int = ROOFLINE_STEPS) 
     import torch
     import torch.nn.functional as F
 
-    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}  # [B, in] per width
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}  # [B, in]
     times = []
     with torch.inference_mode():
         for _ in range(steps):
+            synchronize(weights[0].device)
             start = time.perf_counter()
             for w in weights:  # [out, in]: q, k, v, o, gate, up, down of each layer, then the LM head
                 F.linear(inputs[w.shape[1]], w)
+            synchronize(weights[0].device)
             times.append(time.perf_counter() - start)
     return min(times)
+
+
+def synchronize(device) -> None:
+    """Wait for a GPU's queued work (a CPU's is done when the call returns): a timer must not stop early."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def linear_weights(module) -> list:

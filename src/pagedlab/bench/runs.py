@@ -132,15 +132,15 @@ def hf_available() -> bool:
     return True
 
 
-def load_hf_model(folder, dtype: str = "float32"):
-    """A model folder as transformers' AutoModelForCausalLM in `dtype`, eval, offline."""
+def load_hf_model(folder, dtype: str = "float32", device: str = "cpu"):
+    """A model folder as transformers' AutoModelForCausalLM in `dtype` on `device`, eval, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # its "Loading weights" bar would interleave with the bench's own lines
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     finally:
         logging.enable_progress_bar()
 
@@ -218,8 +218,8 @@ def generate_padded(model, prompts: list[list[int]], max_new_tokens: int, eos_to
 
     width = max(len(p) for p in prompts)
     pad = [width - len(p) for p in prompts]
-    ids = torch.tensor([[pad_token_id] * n + list(p) for n, p in zip(pad, prompts)])  # [B, P]
-    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad])  # [B, P]: 0 = padding, never a prompt's EOS
+    ids = torch.tensor([[pad_token_id] * n + list(p) for n, p in zip(pad, prompts)], device=model.device)  # [B, P]
+    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad], device=model.device)  # [B, P]: 0 = padding
     clock = StepClock()
     with torch.inference_mode():
         out = model.generate(

@@ -109,6 +109,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         bad = [d for d in options["dtypes"] if d not in DTYPES]
         if bad or not options["dtypes"]:
             raise ValueError(f"--dtype: {args.dtype!r}: each of a comma list must be one of {tuple(DTYPES)}")
+    if args.device is not None:
+        options["device"] = args.device
     run_bench(args.name, as_json=args.json, figure=not args.no_figure, threads=args.threads, **options)
     return 0
 
@@ -502,6 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--dtype", default=None, help="real: float32 (default), bfloat16, or both as 'float32,bfloat16'"
     )
+    bench.add_argument("--device", default=None, help="real: cpu (default) or cuda (every system on the GPU)")
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(
