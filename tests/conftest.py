@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REQUIRE_TRITON = os.environ.get("PAGEDLAB_REQUIRE_TRITON") == "1"
+REQUIRE_GPU = os.environ.get("PAGEDLAB_REQUIRE_GPU") == "1"
 
 
 def need_triton():
@@ -84,6 +85,9 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_TRITON and report.skipped and item.get_closest_marker(triton_marker()) is not None:
         report.outcome = "failed"
         report.longrepr = f"PAGEDLAB_REQUIRE_TRITON=1: stage-6 test {item.nodeid} was skipped"
+    if REQUIRE_GPU and report.skipped and item.get_closest_marker("gpu") is not None:
+        report.outcome = "failed"  # `make gpu-check` on a lent GPU: nothing may skip
+        report.longrepr = f"PAGEDLAB_REQUIRE_GPU=1: GPU test {item.nodeid} was skipped"
 
 
 @pytest.fixture(autouse=True)
