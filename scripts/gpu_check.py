@@ -38,13 +38,17 @@ SMOLLM2_SHAPE = {  # SmolLM2-135M-Instruct's config.json (what `pagedlab fetch s
     "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000.0,
     "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
 }  # fmt: skip
-TOY_SHAPE = SMOLLM2_SHAPE | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128}  # fmt: skip
+TOY_SHAPE = SMOLLM2_SHAPE | {  # two small layers of the same family, for --dry-run
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+}  # fmt: skip
 MIB = 2**20
 GPU_REAL = {"num_requests": 48, "kv_budgets": (32 * MIB, 128 * MIB, 512 * MIB), "dtypes": ("bfloat16",),
             "repeats": 1, "profile_batches": (8, 32, 128), "device": "cuda"}  # fmt: skip
-DRY_REAL = {"num_requests": 4, "kv_budgets": (256 * 1024,), "dtypes": ("float32",), "repeats": 1,
-            "profile_batches": (2,), "profile_steps": 2, "output_cap": 6, "length_scale": 0.05, "device": "cpu"}  # fmt: skip
+DRY_REAL = {
+    "num_requests": 4, "kv_budgets": (256 * 1024,), "dtypes": ("float32",), "repeats": 1, "profile_batches": (2,),
+    "profile_steps": 2, "output_cap": 6, "length_scale": 0.05, "device": "cpu",
+}  # fmt: skip
 LIMITS = {"gpu tests": 150, "bench kernel": 120, "bench real": 180}  # seconds per step: under 8 minutes in all
 
 
@@ -64,7 +68,13 @@ def main(argv=None) -> int:
     kernel = [sys.executable, "-m", "pagedlab", "bench", "kernel", "--json"]
     codes.append(run_step("bench kernel", kernel, env, args.out / "kernel.json", json_out=True))
     model = shape_twin(args.out / "model", TOY_SHAPE if args.dry_run else SMOLLM2_SHAPE)
-    real = [sys.executable, str(Path(__file__)), "--real", str(model), json.dumps(DRY_REAL if args.dry_run else GPU_REAL)]
+    real = [
+        sys.executable,
+        str(Path(__file__)),
+        "--real",
+        str(model),
+        json.dumps(DRY_REAL if args.dry_run else GPU_REAL),
+    ]
     codes.append(run_step("bench real", real, env, args.out / "real.json", json_out=True))
     print(f"\ngpu-check: {sum(c == 0 for c in codes)} of {len(codes)} steps passed; results in {args.out}/")
     return max(codes)
@@ -82,8 +92,9 @@ def device_step(dry_run: bool) -> int:
     from pagedlab.bench.kernel import peak_gbps_for
 
     name, props = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0)
-    print(f"{name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs; torch {torch.__version__}, "
-          f"triton {triton.__version__}; peak {peak_gbps_for(name) or 'unknown'} GB/s (bench/kernel.py PEAK_GBPS)")  # fmt: skip
+    memory, peak = props.total_memory / 2**30, peak_gbps_for(name) or "unknown"
+    versions = f"torch {torch.__version__}, triton {triton.__version__}"
+    print(f"{name}, {memory:.0f} GiB, {props.multi_processor_count} SMs; {versions}; peak {peak} GB/s (PEAK_GBPS)")
     return 0
 
 

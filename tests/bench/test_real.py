@@ -46,6 +46,8 @@ SMALL = {"num_requests": 4, "kv_budgets": (KIB * 256, DEFAULT_BUDGET), "output_c
          "repeats": 2, "profile_batches": (2,), "profile_steps": 2}  # fmt: skip
 REQUIRED_FIELDS = ("system", "kv_budget_bytes", "tokens_per_s", "mean_running", "max_running", "ttft_p50_s",
                    "ttft_p99_s", "ttft_s", "num_requests", "threads")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
     """A random 2-layer Llama over the bundled character tokenizer (68 ids), with a ChatML chat template."""
@@ -83,7 +85,6 @@ def small_run(tiny_chat_model, tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return result, stdout.getvalue(), stderr.getvalue(), figures
-
 
 
 def by_system(result, budget):

@@ -74,8 +74,9 @@ BENCHES: dict[str, Bench] = {
               "throughput:throughput_rows", "throughput_report:report", "throughput_report:tables", "05_throughput",
               "throughput_report:draw_throughput", "throughput_report:start_line", repeats=2,
               report_options=("priority_table",)),
-        Bench("scheduler", "microseconds per schedule() + update() as the running batch grows", "2 s (a fake model)",
-              2, "scheduler:measure_scheduler", "scheduler:report", "scheduler:tables"),
+        Bench("scheduler", "microseconds per schedule() + update() as the running batch grows (--peer vllm: beside "
+              "vLLM 0.33.0's own Scheduler)", "2 s (a fake model; --peer vllm about 90 s, most of it vLLM's import)", 2,
+              "scheduler:measure_scheduler", "scheduler:report", "scheduler:tables", options=("peer",)),
         Bench("kernel", "stage 6's Triton kernels vs torch: parity on a CPU, latency and bandwidth on a GPU",
               "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels", 3,
               "kernel:measure_kernel", "kernel:report", "kernel:tables"),

@@ -111,6 +111,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"--dtype: {args.dtype!r}: each of a comma list must be one of {tuple(DTYPES)}")
     if args.device is not None:
         options["device"] = args.device
+    if args.peer is not None:
+        options["peer"] = args.peer
     run_bench(args.name, as_json=args.json, figure=not args.no_figure, threads=args.threads, **options)
     return 0
 
@@ -501,10 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="real: give every system this many bytes of KV cache (e.g. 64MiB) instead of sweeping the default budgets",
     )
-    bench.add_argument(
-        "--dtype", default=None, help="real: float32 (default), bfloat16, or both as 'float32,bfloat16'"
-    )
+    bench.add_argument("--dtype", default=None, help="real: float32 (default), bfloat16, or both as 'float32,bfloat16'")
     bench.add_argument("--device", default=None, help="real: cpu (default) or cuda (every system on the GPU)")
+    bench.add_argument(
+        "--peer",
+        default=None,
+        choices=["vllm"],
+        help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
+    )
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(
