@@ -101,6 +101,8 @@ def test_json_stdout_is_one_object_with_every_field_of_every_row(small_run):
     for row in rows:
         assert all(field in row for field in REQUIRED_FIELDS), row
         assert row["dtype"] == "float32"
+        if row["system"] != PROFILE and row["error"] is None:
+            assert row["tokens_per_step"] == pytest.approx(row["num_generated_tokens"] / row["steps"])
     for row in rows[:-1]:
         assert row["runs"] == (2 if row["kv_budget_bytes"] == DEFAULT_BUDGET else 1)  # the sweep's points run once
         if row["error"] is None:
@@ -181,12 +183,13 @@ def test_percentiles_interpolate_between_ranks():
     assert percentile(list(range(101)), 99) == 99
 
 
-def made_up_rows(cont: float, hf: float, hf_batch: float | None, running=(8.0, 2.0, 7.5)) -> list[dict]:
+def made_up_rows(cont: float, hf: float, hf_batch: float | None) -> list[dict]:
     """Rows with only what target_lines reads, at the default budget, and one step-profile row."""
     base = {"kv_budget_bytes": DEFAULT_BUDGET, "dtype": "float32", "error": None, "same_tokens_as_hf": True}
+    running = [(8.0, 10, 8.0), (3.0, 3, 1.5), (7.5, 9, 7.5)]  # mean, max, own tokens per step
     rows = [
-        base | {"system": name, "tokens_per_s": tps, "mean_running": run}
-        for name, tps, run in zip((CONTINUOUS, HF, HF_BATCH), (cont, hf, hf_batch or 1.0), running)
+        base | {"system": name, "tokens_per_s": tps, "mean_running": mean, "max_running": top, "tokens_per_step": own}
+        for name, tps, (mean, top, own) in zip((CONTINUOUS, HF, HF_BATCH), (cont, hf, hf_batch or 1.0), running)
     ]
     if hf_batch is None:
         rows[2] |= {"error": "RuntimeError: no CPU kernel", "tokens_per_s": None, "same_tokens_as_hf": None}
@@ -198,7 +201,9 @@ def made_up_rows(cont: float, hf: float, hf_batch: float | None, running=(8.0, 2
 def test_a_target_not_reached_is_said_plainly_with_what_bounds_it():
     lines = target_lines(made_up_rows(cont=100, hf=80, hf_batch=90))
     assert "1.25x tokens/s, which is below the 2x target on this run" in lines[0]
-    assert "8.0 requests a step on average" in lines[0] and "(4.00x the batch); the rest, 0.31x" in lines[0]
+    assert "gave pagedlab-continuous 8.0 of a request's own tokens a step against 1.5 for hf-generate" in lines[0]
+    assert "(5.33x; it ran 8.0 (max 10) requests a step, hf-generate 3.0 (max 3))" in lines[0]
+    assert "its steps were 0.23x as fast" in lines[0]
     assert "1.11x tokens/s, which is below the 1.3x target" in lines[1]
     assert "made hf-generate's tokens for every request" in lines[2]
     assert "1.50x its matmuls alone (80 ms), which is above the 1.2x target" in lines[3]
