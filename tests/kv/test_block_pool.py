@@ -40,15 +40,16 @@ def test_remove_from_the_middle_keeps_the_links():
 
 @pytest.mark.task("pool-allocate-free")
 def test_pool_story_allocate_free_reuse():
-    # 6 blocks. A takes 2, B takes 3; A frees; C takes 3: the queue hands out 5, then A's blocks.
+    # 6 blocks. A takes 2, B takes 3; A frees; C takes 3: the queue hands out A's blocks first (no cached prefix:
+    # freed to the head, as vLLM's prepend_n), then 5.
     pool = BlockPool(6)
     a = pool.allocate(2)
     b = pool.allocate(3)
     assert ids(a) == [0, 1] and ids(b) == [2, 3, 4] and pool.num_free == 1
-    pool.free(reversed(a))  # freed tail first: 1 then 0
-    assert ids(pool.free_block_queue.get_all_free_blocks()) == [5, 1, 0]
+    pool.free(reversed(a))  # freed tail first: 1 then 0, both to the head, in that order
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [1, 0, 5]
     c = pool.allocate(3)
-    assert ids(c) == [5, 1, 0] and all(blk.ref_cnt == 1 for blk in c)
+    assert ids(c) == [1, 0, 5] and all(blk.ref_cnt == 1 for blk in c)
     assert pool.usage == 1.0
     pool.check_invariants()
 

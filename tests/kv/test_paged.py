@@ -35,8 +35,8 @@ def test_blocks_come_one_at_a_time_as_tokens_arrive():
     assert grow(kv, a, 1) == [3]  # token 8 opens a new block
     assert kv.get_block_ids(a) == [0, 1, 3] and kv.slots_held(a) == 12
     kv.free(a)
-    # freed tail first, so the queue is [4 5 6 7 3 1 0]
-    assert [blk.block_id for blk in kv.pool.free_block_queue.get_all_free_blocks()] == [4, 5, 6, 7, 3, 1, 0]
+    # freed tail first, each to the head (nothing is cached before stage 4), so the queue is [3 1 0 4 5 6 7]
+    assert [blk.block_id for blk in kv.pool.free_block_queue.get_all_free_blocks()] == [3, 1, 0, 4, 5, 6, 7]
     kv.check_invariants()
 
 
@@ -95,4 +95,4 @@ def test_allocate_slots_returns_only_what_it_appended():
     assert grow(kv, a, 1) == [2]  # token 4 opens block 2
     kv.free(a)
     b = req("a", prompt_len=1)  # the same id again starts from scratch
-    assert grow(kv, b, 1) == [3] and kv.get_block_ids(b) == [3]  # the queue's head; a's blocks went to its tail
+    assert grow(kv, b, 1) == [2] and kv.get_block_ids(b) == [2]  # the queue's head: a's last block, freed first

@@ -47,12 +47,12 @@ def test_full_blocks_are_cached_kept_after_free_and_hit_later():
     h1 = hash_block_tokens(h0, (4, 5, 6, 7))
     assert kv.get_block_ids(a) == [0, 1, 2]
     assert kv.pool.cached_block_hash_to_block == {h0: kv.pool.blocks[0], h1: kv.pool.blocks[1]}
-    kv.free(a)  # tail first: 2, 1, 0 go to the back; 0 and 1 keep their hashes
-    assert free_queue(kv) == [3, 4, 5, 6, 7, 2, 1, 0]
+    kv.free(a)  # tail first: 2 (not full: no hash) to the head, reused first; 1, 0 to the back with their hashes
+    assert free_queue(kv) == [2, 3, 4, 5, 6, 7, 1, 0]
     assert kv.pool.num_cached_free == 2
     b = req("b", [0, 1, 2, 3, 4, 5, 6, 7, 42, 43, 44])
     assert kv.lookup_prefix(b) == 8  # both cached blocks hit
-    assert kv.get_block_ids(b) == [0, 1] and free_queue(kv) == [3, 4, 5, 6, 7, 2]  # touched out of the queue
+    assert kv.get_block_ids(b) == [0, 1] and free_queue(kv) == [2, 3, 4, 5, 6, 7]  # touched out of the queue
     assert (kv.prefix_cache_queries, kv.prefix_cache_hits) == (10 + 11, 8)  # tokens looked up, tokens hit
     kv.check_invariants()
 
@@ -65,12 +65,12 @@ def test_the_lookup_stops_at_the_first_missing_block():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=5, block_size=4, max_model_len=64)
     a = req("a", range(13))  # blocks 0, 1, 2 full and cached; block 3 holds token 12
     admit(kv, a)
-    kv.free(a)
-    assert free_queue(kv) == [4, 3, 2, 1, 0]
+    kv.free(a)  # block 3 (no hash) to the head, the cached 2, 1, 0 to the tail
+    assert free_queue(kv) == [3, 4, 2, 1, 0]
     kv.pool.touch([kv.pool.blocks[2]])  # as a hit would: block 2 leaves the queue ...
     kv.pool.free([kv.pool.blocks[2]])  # ... and comes back at the tail
-    assert free_queue(kv) == [4, 3, 1, 0, 2]
-    kv.pool.allocate(3)  # blocks 4, 3 and 1 are reused for other tokens: block 1's hash is evicted
+    assert free_queue(kv) == [3, 4, 1, 0, 2]
+    kv.pool.allocate(3)  # blocks 3, 4 and 1 are reused for other tokens: block 1's hash is evicted
     assert kv.pool.blocks[2].block_hash is not None and kv.pool.blocks[1].block_hash is None
     b = req("b", range(13))
     assert [blk.block_id for blk in kv.get_computed_blocks(b)] == [0]  # not [0, 2]
@@ -93,10 +93,10 @@ def test_eviction_takes_the_tail_of_a_chain_first():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=8, block_size=4, max_model_len=64)
     a = req("a", range(10))
     admit(kv, a)
-    kv.free(a)  # queue [3 4 5 6 7 2 1 0], with 1 and 0 cached
-    x = req("x", range(100, 128))  # 28 tokens = 7 blocks: takes 3 4 5 6 7 2, then 1 (evicted)
+    kv.free(a)  # queue [2 3 4 5 6 7 1 0], with 1 and 0 cached (2, never full, went to the head)
+    x = req("x", range(100, 128))  # 28 tokens = 7 blocks: takes 2 3 4 5 6 7, then 1 (evicted)
     admit(kv, x)
-    assert kv.get_block_ids(x) == [3, 4, 5, 6, 7, 2, 1]
+    assert kv.get_block_ids(x) == [2, 3, 4, 5, 6, 7, 1]
     assert kv.pool.blocks[1].block_hash != hash_block_tokens(hash_block_tokens(NONE, (0, 1, 2, 3)), (4, 5, 6, 7))
     assert kv.lookup_prefix(req("again", range(10))) == 4  # the head of the chain is still cached
     kv.check_invariants()

@@ -29,10 +29,11 @@ def test_swap_out_then_in_with_exact_ids():
     assert kv.get_block_ids(b) == [] and kv.swap_pool.held == {"b": [0, 1, 2]} and kv.num_free_blocks == 5
     assert kv.is_swapped(b) and not kv.can_swap_out([a, a])  # 6 blocks do not fit in the 1 CPU block left
     c = req("c", 4, first=200)
-    admit(kv, c)  # takes block 6 (the free queue's head); b's freed blocks sit at the tail
-    assert kv.get_block_ids(c) == [6]
-    assert kv.swap_in(b) == [(0, 7), (1, 5), (2, 4)]  # CPU block -> new GPU block
-    assert kv.get_block_ids(b) == [7, 5, 4]
+    # b's freed blocks: 5 (not full, no hash) went to the free queue's head, the cached 4 and 3 to its tail
+    admit(kv, c)  # takes block 5, the head
+    assert kv.get_block_ids(c) == [5]
+    assert kv.swap_in(b) == [(0, 6), (1, 7), (2, 4)]  # CPU block -> new GPU block
+    assert kv.get_block_ids(b) == [6, 7, 4]
     assert kv.swap_pool.num_free == 4
     kv.check_invariants()
 

@@ -22,7 +22,7 @@ def test_free_skipped_puts_the_null_block_in_place_tail_first_and_only_once():
     table = pool.allocate(4)  # blocks 1 2 3 4
     window.free_skipped(table, 14)  # one block behind the window
     assert table == [window.null_block] + [pool.blocks[i] for i in (2, 3, 4)]
-    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()][-1] == 1
+    assert [b.block_id for b in pool.free_block_queue.get_all_free_blocks()][0] == 1  # no hash: to the head
     window.free_skipped(table, 14)  # nothing new: no double free
     window.free_skipped(table, 15)  # a second block: stops at the null entry before it
     assert [b.block_id for b in table] == [0, 0, 3, 4] and pool.num_free == 5

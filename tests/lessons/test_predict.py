@@ -74,8 +74,8 @@ def _beam_gained(ns, k) -> set:
 OBSERVED = {
     "02-admitted": lambda ns, tr, k: set(tr[k].running) - _running_before(tr, k),
     "02-next-block": lambda ns, tr, k: _slot_of_last(tr[k], "B", 4) // 4,
-    "02-free-after-finish": lambda ns, tr, k: (
-        list(tr[k].free_queue) + [b for rid in tr[k].finished for b in reversed(tr[k].block_tables[rid])]
+    "02-free-after-finish": lambda ns, tr, k: (  # nothing is cached at stage 2: freed blocks go to the head
+        [b for rid in tr[k].finished for b in reversed(tr[k].block_tables[rid])] + list(tr[k].free_queue)
     ),
     "02-E-table": lambda ns, tr, k: tr[k].block_tables["E"],
     "02-next-slot": lambda ns, tr, k: _slot_of_last(tr[k], "E", 4),

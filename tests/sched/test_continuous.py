@@ -70,12 +70,15 @@ def test_prefill_is_chunked_by_the_budget_and_mixed_with_decodes():
 
 @pytest.mark.task("schedule")
 def test_long_prefill_threshold_caps_each_chunk():
+    # The cap keeps a long prefill from starving the others, so it applies while another request is there
+    # (b, decoding): alone, a would take its whole prompt at once (tests/sched/test_vllm_repros.py).
     s = make(budget=16, threshold=3)
-    a = req("a", 8, 2)
+    a, b = req("a", 8, 2), req("b", 1, 8, first=50)
     s.add_request([a])
-    assert step(s) == {"a": 3}
-    assert step(s) == {"a": 3}
-    assert step(s) == {"a": 2} and a.output_token_ids == [7]
+    s.add_request([b])
+    assert step(s) == {"a": 3, "b": 1}
+    assert step(s) == {"a": 3, "b": 1}
+    assert step(s) == {"a": 2, "b": 1} and a.output_token_ids == [7]
 
 
 @pytest.mark.task("schedule")
@@ -207,10 +210,11 @@ def test_priority_victim_is_the_least_urgent_and_its_budget_is_refunded():
 def test_a_victim_already_scheduled_this_step_gives_its_tokens_back_to_the_budget():
     """Running order lax, urgent, third. lax is given its decode token and the last free block; urgent then
     finds no block, so the least urgent request, lax, is preempted; its token goes back to the budget, where
-    third's prefill chunk takes it (5 tokens of a budget of 6, not 4)."""
+    third's prefill chunk takes it (5 tokens of a budget of 6, not 4). third (8 tokens) was admitted because
+    both of the blocks its whole prompt needs were free, though its first chunk was a single token."""
     s = make(num_kv_blocks=4, budget=6, policy="priority")
     lax = req("lax", 3, 10, priority=5, arrival_time=0.0)
-    urgent, third = req("urgent", 4, 10, first=40, arrival_time=1.0), req("third", 20, 2, first=60, arrival_time=2.0)
+    urgent, third = req("urgent", 4, 10, first=40, arrival_time=1.0), req("third", 8, 2, first=60, arrival_time=2.0)
     s.add_request([lax])
     assert step(s) == {"lax": 3}
     s.add_request([urgent])
@@ -232,18 +236,19 @@ def test_priority_ties_are_broken_by_arrival_then_request_id():
 
 
 def test_a_leader_swapped_out_mid_shared_prefill_still_stops_one_short():
-    """g's leader has computed 3 of the 5 prompt tokens its follower will share when it is swapped out. Swapped
+    """g's leader has computed 4 of the 5 prompt tokens its follower will share when it is swapped out. Swapped
     back in, it must feed only up to prompt[:-1] again: it once fed its whole prompt, sampled and finished,
     and the follower waited for a fork that never came (the stream never ended)."""
-    s = make(num_kv_blocks=3, budget=4, caching=False, mode="swap", swap=1)
-    s.add_request([req("a", 4, 6)])
+    s = make(num_kv_blocks=4, budget=4, caching=False, mode="swap", swap=1)
+    s.add_request([req("a", 7, 6)])
     g = [req(f"{i}_g", 6, 1, first=30, parent_id="g", child_index=i) for i in range(2)]
     s.add_request(g)
     assert step(s) == {"a": 4}
+    assert step(s) == {"a": 3, "0_g": 1}  # admitted: the 2 blocks its whole prompt needs are free
     assert step(s) == {"a": 1, "0_g": 3}
     assert step(s) == {"a": 1} and g[0].status == RequestStatus.PREEMPTED and s.kv.is_swapped(g[0])
     plans = [step(s) for _ in range(12)]
-    assert {"0_g": 2} in plans and {"0_g": 1, "1_g": 1} in plans  # stop one short, fork, each feeds the last
+    assert {"0_g": 1} in plans and {"0_g": 1, "1_g": 1} in plans  # stop one short, fork, each feeds the last
     assert all(r.status == RequestStatus.FINISHED_LENGTH_CAPPED for r in g) and not s.has_unfinished_requests()
 
 
@@ -279,20 +284,21 @@ def test_an_n_group_is_admitted_and_preempted_as_one_unit():
 
 @pytest.mark.task("preempt")
 def test_a_follower_forked_and_preempted_in_the_same_step_gets_no_table():
-    """a holds block 0; g's leader prefills 8 of its 9 prompt tokens into blocks 1 and 2. Next step the
-    follower 1_g is forked first (it shares [1, 2]) and its table is due to be sent; then a needs a second
-    block for its fifth token, none is free, and the newest group, g, is preempted whole. The follower's
+    """a holds block 0; g's leader is admitted (its whole 9-token prompt fits the 3 free blocks) and prefills 8
+    of its 9 prompt tokens into blocks 1 and 2. Next step the follower 1_g is forked first (it shares [1, 2])
+    and its table is due to be sent; a takes the last free block for its fifth token, the leader finds none
+    for its last prompt token, and the newest group, g (the leader's own), is preempted whole. The follower's
     table was just freed: it must leave the output, or the runner installs blocks 1_g no longer owns and
     appends its next blocks after them."""
-    s = make(num_kv_blocks=3, budget=16, caching=False)
+    s = make(num_kv_blocks=4, budget=16, caching=False)
     s.add_request([req("a", 3, 10)])
     assert step(s) == {"a": 3}
     s.add_request([req(f"{i}_g", 9, 2, first=30, parent_id="g", child_index=i) for i in range(2)])
     assert step(s) == {"a": 1, "0_g": 8}
     so = s.schedule()
     assert so.preempted_req_ids == {"0_g", "1_g"} and so.num_scheduled_tokens == {"a": 1}
-    assert so.new_block_tables == {} and so.new_block_ids == {"a": [2]} and so.block_copies == []
-    assert s.kv.get_block_ids(s.running[0]) == [0, 2] and s.kv.num_free_blocks == 1
+    assert so.new_block_tables == {} and so.new_block_ids == {"a": [3]} and so.block_copies == []
+    assert s.kv.get_block_ids(s.running[0]) == [0, 3] and s.kv.num_free_blocks == 2
 
 
 @pytest.mark.task("schedule")

@@ -125,12 +125,12 @@ def test_hash_tree_draws_evicted_hashes_dashed_and_shared_blocks_shared():
     kv = PrefixCachingKVCacheManager(num_kv_blocks=7, block_size=4, max_model_len=64)
     a = Request("a", list(range(9)), SamplingParams(), 4)
     _admit(kv, a)
-    kv.free(a)  # free queue [3 4 5 6 2 1 0]: 1 and 0 cached, the chain's tail (1) nearer the head
-    x = Request("x", list(range(100, 117)), SamplingParams(), 4)  # 5 blocks: 3 4 5 6 2
+    kv.free(a)  # free queue [2 3 4 5 6 1 0]: 2 (no hash) at the head; 1 and 0 cached, the chain's tail (1) first
+    x = Request("x", list(range(100, 117)), SamplingParams(), 4)  # 5 blocks: 2 3 4 5 6
     _admit(kv, x)
-    y = Request("y", list(range(100, 109)), SamplingParams(), 4)  # hits x's blocks 3 and 4, then takes 1: evicted
+    y = Request("y", list(range(100, 109)), SamplingParams(), 4)  # hits x's blocks 2 and 3, then takes 1: evicted
     _admit(kv, y)
-    assert kv.get_block_ids(y) == [3, 4, 1]
+    assert kv.get_block_ids(y) == [2, 3, 1]
     src = hash_chain_tree([a, x, y], kv).source
     h0, h1 = a.block_hashes
     assert "not cached" in _node(src, h1) and "dashed" in _node(src, h1), "the tail of a's chain went first"

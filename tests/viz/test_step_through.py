@@ -378,7 +378,7 @@ def test_cli_compare_runs_the_scenario_twice(tmp_path, capsys):
         main(["trace", "--html", str(out), "--compare", "preemption-mode=swap"])
     assert done.value.code == 0
     printed = capsys.readouterr().out
-    assert printed.startswith(f"wrote {out} (") and printed.endswith(" KiB, 34 and 38 steps)\n")
+    assert printed.startswith(f"wrote {out} (") and printed.endswith(" KiB, 35 and 38 steps)\n")
     with pytest.raises(SystemExit) as done:
         main(["trace", "--html", str(tmp_path / "x.html"), "--compare", "delay=3"])
     assert done.value.code == 2 and "compare: expected NAME=VALUE" in capsys.readouterr().err

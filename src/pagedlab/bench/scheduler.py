@@ -175,7 +175,7 @@ class VllmTimer:
         import subprocess
         from pathlib import Path
 
-        from pagedlab.engine import vllm_peer
+        from pagedlab.lessons import vllm_peer
         from pagedlab.model.loader import BUNDLED_MODEL, resolve_model_path
 
         vllm_peer.check_fetched()

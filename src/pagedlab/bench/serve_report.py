@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 def start_line(options: dict) -> str:
     rates, repeats = options.get("rates", RATES), options.get("repeats", REPEATS)
     num = options.get("num_requests", NUM_REQUESTS)
+    if options.get("url"):
+        return f"serve: the server at {options['url']} x {len(rates)} rates x {repeats} rounds, {num} requests each"
     return f"serve: {len(SYSTEMS)} systems x {len(rates)} rates x {repeats} rounds, {num} requests each"
 
 
@@ -29,6 +31,8 @@ def _ratio_lines(rows: list[dict]) -> list[dict]:
     by = {(r["system"], r["request_rate"]): r for r in rows}
     lines = []
     for rate in sorted({r["request_rate"] for r in rows}):
+        if ("static", rate) not in by or ("continuous", rate) not in by:
+            continue  # --url: one server, nothing to divide by
         s, c = by[("static", rate)], by[("continuous", rate)]
         lines.append({"request_rate": rate, "tokens": c["tokens_per_s"] / s["tokens_per_s"],
                       "latency": s["normalized_latency_s"] / c["normalized_latency_s"],

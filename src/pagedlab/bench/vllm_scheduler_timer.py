@@ -1,7 +1,6 @@
 """Benchmarks: `pagedlab bench scheduler --peer vllm`, the same timed loop on vLLM 0.33.0's own Scheduler.
 
-Builds on: engine/vllm_driver.py (the Scheduler built on pagedlab's settings, a request as vLLM makes it), loaded
-by path: this script runs in the environment `pagedlab fetch vllm` made, where pagedlab is not installed, and is
+Builds on: lessons/vllm_driver.py (the Scheduler built on pagedlab's settings), loaded by path: this script runs in the environment `pagedlab fetch vllm` made, where pagedlab is not installed, and is
 started by bench/scheduler.py (never imported into pagedlab's process).
 Read with: chapters/97-architecture.md (Benchmarks), chapters/09-graduate-to-vllm.md.
 
@@ -18,15 +17,21 @@ and a budget that never bind, one untimed prefill step, then `steps` decode step
 same token (vLLM's own tests drive the Scheduler this way). The model never runs.
 """
 
+import importlib.util
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # vllm_driver.py, a plain script
+# Run by path, Python puts this folder first on sys.path, where pagedlab's bench modules would shadow what vLLM
+# imports: drop it. The driver is loaded from its file, never through sys.path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+_spec = importlib.util.spec_from_file_location("vllm_driver", Path(__file__).parents[1] / "lessons" / "vllm_driver.py")
+vllm_driver = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vllm_driver)  # sets vLLM's environment (CPU, offline, quiet) and imports it
 
-import vllm_driver  # noqa: E402  (sets vLLM's environment: CPU, offline, quiet)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa: E402

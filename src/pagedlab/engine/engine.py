@@ -22,6 +22,7 @@ from collections import deque
 from pagedlab.attention.base import allocate_kv_cache
 from pagedlab.config import EngineConfig
 from pagedlab.engine.output_processor import OutputProcessor
+from pagedlab.engine.replay import RunRecorder
 from pagedlab.engine.stats import EngineStats, StepTrace
 from pagedlab.engine.validation import InputProcessor
 from pagedlab.model.loader import LoadedModel
@@ -54,6 +55,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(loaded.tokenizer)
         self.stats = EngineStats()
         self.trace: deque[StepTrace] = deque(maxlen=config.max_trace_steps)  # the last steps, when recorded
+        self.recorder = RunRecorder() if config.record_trace else None  # the run as data, for a replay
         self._aborted: dict[str, tuple[Request, ...]] = {}  # aborted groups, until the next step reports them
         self.beam_outputs: dict[str, BeamSearchOutput] = {}  # finished beam searches, until collected
         self._start = time.perf_counter()
@@ -81,6 +83,8 @@ class LLMEngine:
     def add_processed(self, children: tuple[Request, ...]) -> None:
         """Queue a group built by process_inputs (nothing was queued in between: its ids are still free)."""
         self.scheduler.add_request(children)
+        if self.recorder is not None:
+            self.recorder.add(children, self.stats.num_steps + 1)
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams) -> None:
         """Queue a beam search (stage 3+); its result lands in `beam_outputs[request_id]`."""
@@ -91,6 +95,8 @@ class LLMEngine:
 
     def add_processed_beams(self, group: BeamGroup) -> None:
         self.scheduler.add_beam_search(group)
+        if self.recorder is not None:
+            self.recorder.replayable = self.recorder.replayable or f"{group.request_id!r} is a beam search"
 
     def owner_of(self, request_id: str) -> str | None:
         """The live request or beam search `request_id` names (itself, a child, a beam), or None."""
@@ -110,7 +116,9 @@ class LLMEngine:
                 members += groups.live[i]
             elif i in groups.beams:
                 members += groups.beams[i].live
-        self.scheduler.finish_requests([r.request_id for r in members], RequestStatus.FINISHED_ABORTED)
+        ended = self.scheduler.finish_requests([r.request_id for r in members], RequestStatus.FINISHED_ABORTED)
+        for r in ended if self.recorder is not None else ():
+            self.recorder.end(self.stats.num_steps, r.request_id, "abort")
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block hash, as vLLM's; False (nothing done) while any block is in use."""
@@ -144,6 +152,8 @@ class LLMEngine:
                 r.status = RequestStatus.FINISHED_STOPPED
             else:
                 self.scheduler.finish_requests([r.request_id], RequestStatus.FINISHED_STOPPED)
+                if self.recorder is not None:
+                    self.recorder.end(self.stats.num_steps + 1, r.request_id, "stop")
         for r in advanced:
             r.first_token_time = r.first_token_time or now
             if r.status.is_finished():

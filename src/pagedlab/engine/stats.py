@@ -72,6 +72,8 @@ class StepTrace:
     finish_reasons: dict[str, str] = field(default_factory=dict)  # request_id -> "stop" | "length" | "abort"
     groups: dict[str, str] = field(default_factory=dict)  # running child (n > 1, beams) -> its user request id
     num_prompt_tokens: dict[str, int] = field(default_factory=dict)  # running request_id -> its prompt length
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)  # scheduled request_id -> prompt tokens the
+    #   prefix cache served it at its first admission (stage 4+; vLLM's num_cached_tokens)
     # The block pool as it stood (stage 2+; None at stage 1, which has regions and no pool):
     free_queue: list[int] | None = None  # free block ids, head (allocated next) to tail
     ref_cnts: list[int] = field(default_factory=list)  # block_id -> ref_cnt
@@ -103,6 +105,7 @@ class StepTrace:
             copies=[(c.request_id, c.src, c.dst) for c in so.block_copies],
             groups={r.request_id: r.group_id for r in running if r.group_id != r.request_id},
             num_prompt_tokens={r.request_id: r.num_prompt_tokens for r in running},
+            num_cached_tokens={r.request_id: n for r in so.scheduled if (n := r.num_cached_tokens) is not None},
             **pool_state(getattr(kv_manager, "pool", None)),
         )
 

@@ -7,7 +7,8 @@ The free-block queue is a doubly linked list whose links live inside the
 blocks themselves (vLLM's FreeKVCacheBlockQueue), between two sentinels:
 
     head <-> [b3] <-> [b7] <-> [b0] <-> tail
-             ^ popleft (allocate)      ^ append (free)
+             ^ popleft (allocate)      ^ append (free a cached block)
+             ^ prepend (free a block with no cached prefix: reused first, as vLLM's)
 
 popleft, append and remove-from-the-middle are all O(1). A plain deque could
 not remove from the middle, and stage 4 needs exactly that: a cached block
@@ -93,6 +94,16 @@ class FreeKVCacheBlockQueue:
         for block in blocks:
             self.append(block)
 
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put `blocks` at the head, in their order (blocks[0] is allocated next): vLLM's prepend_n."""
+        for block in reversed(blocks):  # the last goes in first, so the first ends at the head
+            if block.prev_free_block is not None or block.next_free_block is not None:
+                raise InvariantError(f"{block} is already in the free queue")
+            first = self.head.next_free_block
+            self.head.next_free_block, block.prev_free_block = block, self.head
+            block.next_free_block, first.prev_free_block = first, block
+            self.num_free_blocks += 1
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """Head to tail (for tests and drawings)."""
         out, block = [], self.head.next_free_block
@@ -140,7 +151,8 @@ class BlockPool:
         return 1 - self.num_free / self.num_usable if self.num_usable else 0.0
 
     # BEGIN SOLUTION
-    # TASK pool-allocate-free (20 pts): allocate blocks from the free queue's head and free them back at ref_cnt 0.
+    # TASK pool-allocate-free (20 pts): allocate blocks from the free queue's head and free them back at ref_cnt 0:
+    # a block without a cached hash to the head (reused first), one with a hash to the tail (kept longest).
     def allocate(self, n: int) -> list[KVCacheBlock]:
         """Take n blocks from the head of the free queue, each with ref_cnt 1."""
         blocks = self.free_block_queue.popleft_n(n)
@@ -151,13 +163,19 @@ class BlockPool:
         return blocks
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference from each block; a block that reaches 0 goes to the queue's tail."""
+        """Drop one reference from each block (`blocks` in the order they should be reused). A block that reaches
+        0 and holds no cached prefix goes to the head, in that order: nothing is lost by reusing it at once, and
+        it is the block most recently written (vLLM reuses such blocks first). One that holds a cached prefix
+        goes to the tail, so that the cache keeps it as long as it can (least recently used evicted first)."""
+        reuse_first, reuse_last = [], []
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise InvariantError(f"{block} freed twice")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                (reuse_first if block.block_hash is None else reuse_last).append(block)
+        self.free_block_queue.prepend_n(reuse_first)
+        self.free_block_queue.append_n(reuse_last)
 
     # END SOLUTION
 

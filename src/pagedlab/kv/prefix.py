@@ -181,11 +181,13 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         revived = sum(1 for b in self.window.held(hits.values()) if b.ref_cnt == 0)
         return need + revived <= self.pool.num_free - self.promised_blocks(running)
 
-    def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int) -> int:
+    def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int, cap=None) -> int:
         """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives (a hit
-        behind a window is the null block: none taken, as vLLM's get_num_blocks_to_allocate)."""
+        behind a window is the null block: none taken, as vLLM's get_num_blocks_to_allocate). `cap`: the most
+        blocks its table can hold at once (a sliding window's max_blocks_held), or None."""
         hit_tokens = len(hits) * self.block_size
-        new = cdiv(hit_tokens + num_new_tokens, self.block_size) - len(hits)
+        needed = cdiv(hit_tokens + num_new_tokens, self.block_size)
+        new = max((needed if cap is None else min(needed, cap)) - len(hits), 0)
         return new + sum(1 for b in self.window.held(hits) if b.ref_cnt == 0)
 
     def fork(self, parent: Request, child: Request) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pagedlab.errors import InvariantError
-from pagedlab.kv.block_pool import BlockPool, KVCacheBlock
+from pagedlab.kv.block_pool import BlockPool, KVCacheBlock, cdiv
 
 
 class NoWindow:
@@ -43,6 +43,10 @@ class NoWindow:
     def skip_hits(self, hits: list[KVCacheBlock]) -> list[KVCacheBlock]:
         """Prefix-cache hits as the request's table starts (all of them)."""
         return hits
+
+    def max_blocks_held(self, max_step_tokens: int, max_model_len: int) -> int | None:
+        """The most blocks a request can ever hold at once: no bound but its length (None)."""
+        return None
 
     def check_invariants(self) -> None:
         pass
@@ -84,6 +88,12 @@ class SlidingWindow(NoWindow):
         still count as computed (vLLM's SlidingWindowManager.find_longest_cache_hit)."""
         skipped = self.num_skipped_blocks(len(hits) * self.block_size)
         return [self.null_block] * skipped + hits[skipped:] if skipped else hits
+
+    def max_blocks_held(self, max_step_tokens: int, max_model_len: int) -> int:
+        """The window's last W - 1 tokens plus one step's new tokens, never more than max_model_len, and one block
+        more since the window need not start at a block's start (vLLM's SlidingWindowSpec
+        .max_admission_blocks_per_request): blocks behind the window are freed before each step allocates."""
+        return cdiv(min(self.window - 1 + max_step_tokens, max_model_len), self.block_size) + 1
 
     def check_invariants(self) -> None:
         if self.null_block.ref_cnt != 0:

@@ -190,9 +190,10 @@ NOTEBOOK_02 = [
         _free_after_step,
         lambda s: [
             "Before anyone finishes, a request whose last block is full takes a block from the head of the queue.",
-            "`free` then gives a finished request's blocks to the tail, last block first.",
+            "`free` then gives a finished request's blocks to the head (nothing is cached at stage 2), last block "
+            "first, so that the last one freed is the first reused.",
         ],
-        explain="Freed last block first, so the blocks freed most recently are reused last.",
+        explain="Freed last block first, each to the head: B's blocks are reused before any other (vLLM's order).",
     ),
     Prediction(
         "02-E-table",
@@ -203,7 +204,7 @@ NOTEBOOK_02 = [
             "blocks, for the prompt only.",
             "They are taken one by one from the head of `free_queue()`, in the order it lists them.",
         ],
-        explain="The head of the queue held B's old blocks, freed last block first: a table need not be in order.",
+        explain="The head of the queue held A's old blocks, freed last block first: a table need not be in order.",
     ),
     Prediction(
         "02-next-slot",
@@ -406,12 +407,12 @@ NOTEBOOK_05 = [
         _admitted,
         lambda s: [
             "The running requests are served first, and the ones whose last block is full take a block each.",
-            "A waiting request is admitted only if the budget has tokens left and the free blocks cover its cache "
-            "hits and its first chunk.",
+            "A waiting request is admitted only if the budget has tokens left and the free blocks cover its whole "
+            "prompt (less its cache hits), not just its first chunk.",
             "The preempted request went back to the front of the queue.",
         ],
         kind="set",
-        explain="The head of the queue finds too few free blocks for its hits and first chunk, and nobody may "
+        explain="The head of the queue finds too few free blocks for its whole prompt, and nobody may "
         "pass it (head-of-line: the queue's order is the policy).",
     ),
 ]

