@@ -1,7 +1,8 @@
 """Benchmarks: `pagedlab bench scheduler --peer vllm`, the same timed loop on vLLM 0.33.0's own Scheduler.
 
-Builds on: lessons/vllm_driver.py (the Scheduler built on pagedlab's settings), loaded by path: this script runs in the environment `pagedlab fetch vllm` made, where pagedlab is not installed, and is
-started by bench/scheduler.py (never imported into pagedlab's process).
+Builds on: lessons/vllm_driver.py (the Scheduler built on pagedlab's settings), loaded by path: this script runs
+in the environment `pagedlab fetch vllm` made, where pagedlab is not installed, and is started by
+bench/scheduler.py (never imported into pagedlab's process).
 Read with: chapters/97-architecture.md (Benchmarks), chapters/09-graduate-to-vllm.md.
 
     stdin   one job per line: {"running": N, "steps": 64, "prompt_len": 32, "block_size": 16, "model_dir": "..."}
