@@ -49,6 +49,17 @@ def need_smollm2():
     return registry.model_dir(registry.SMOLLM2)
 
 
+def need_vllm() -> None:
+    """Skip without `pagedlab fetch vllm`; under PAGEDLAB_REQUIRE_VLLM=1 (CI, `make test`) a missing one fails."""
+    from pagedlab.lessons import vllm_peer
+
+    problem = vllm_peer.fetched_problem()
+    if problem is not None:
+        if os.environ.get("PAGEDLAB_REQUIRE_VLLM") == "1":
+            pytest.fail(f"PAGEDLAB_REQUIRE_VLLM=1 but vLLM is not fetched: {problem} (run `pagedlab fetch vllm`)")
+        pytest.skip(f"vLLM {vllm_peer.VLLM.version} is not fetched ({problem}): `pagedlab fetch vllm`")
+
+
 REQUIRE_DOT = os.environ.get("PAGEDLAB_REQUIRE_DOT") == "1"
 
 
