@@ -1,10 +1,12 @@
 """Course assignments: regions are well formed; student copies fail with the task's message and keep earlier
-stages working; for every stage an untouched copy scores at most 10 % and the reference 100 % (course/grading.py)."""
+stages working; their hand-outs point at the right lines and every link resolves; each stage has its written
+problems, keyed in chapter 98; for every stage an untouched copy scores at most 10 % and the reference 100 %."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import pagedlab
-from pagedlab.course import assignment, grading, regions
+from pagedlab.course import assignment, grading, regions, written
 from pagedlab.stages import STAGES
 
 SRC = Path(pagedlab.__file__).parent
@@ -98,8 +100,10 @@ def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, 
     assert all(t["tests"] for t in spec["tasks"]), "every task has tests"
     handout = (student / "HANDOUT.md").read_text()
     assert handout.startswith(f"# pagedlab assignment: stage {stage}")
-    for t in spec["tasks"]:  # the hand-out names each task, its points and its tests
+    for t in spec["tasks"]:  # the hand-out names each task, its points, what it builds on, its tests
         assert f"| `{t['id']}` | {t['points']} |" in handout and t["tests"][0] in handout
+    assert_lines_and_links_are_right(student, spec, handout)
+    assert "Deliverable:" in handout and "## Written problems" in handout
     run = workspace_pytest(student, f"stage{stage}", SMOKE[stage])
     assert run.returncode != 0 and "NotImplementedError: TASK" in run.stdout, run.stdout[-2000:]
     if stage > 1:  # earlier stages keep their solutions: their smoke tests pass in the student copy
@@ -107,12 +111,37 @@ def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, 
         assert run.returncode == 0, run.stdout[-2000:]
 
 
+def assert_lines_and_links_are_right(ws: Path, spec: dict, handout: str) -> None:
+    """Each task's line is its `# BEGIN SOLUTION` in the student's (stubbed) file, with its TASK line after it;
+    every relative link of the hand-out names a file of the workspace (and a line it has)."""
+    for t in spec["tasks"]:
+        lines = (ws / t["file"]).read_text().splitlines()
+        assert lines[t["line"] - 1].strip() == regions.BEGIN and f"TASK {t['id']} " in lines[t["line"]], t
+    links = re.findall(r"\]\(([^)#\s]+)(?:#L(\d+))?\)", handout)
+    assert links
+    for target, line in links:
+        if re.match(r"[a-z]+:", target):
+            continue
+        assert (ws / target).is_file(), f"HANDOUT.md links {target}, not in the workspace"
+        assert not line or int(line) <= len((ws / target).read_text().splitlines()), target
+
+
+def test_every_stage_has_written_problems_with_points_and_an_answer_key_in_chapter_98():
+    key = (Path(pagedlab.__file__).parents[2] / "chapters" / "98-assignments.md").read_text()
+    key = key.split("## Written problems: answer key", 1)[1]
+    for stage in STAGES:
+        problems = written.WRITTEN[stage]
+        assert 2 <= len(problems) <= 4 and all(p.points > 0 for p in problems)
+        for p in problems:
+            answer = key.split(f"**`{p.id}`**", 1)
+            assert len(answer) == 2 and len(answer[1].split("**`", 1)[0].strip()) > 80, f"{p.id}: no answer in the key"
+        assert "Deliverable:" in "\n".join(written.handout_section(stage))
+
+
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_an_untouched_copy_scores_at_most_10_percent_and_the_reference_full_marks(stage):
     (row,) = assignment.check_stages([stage])
-    if not row["blocked"]:
-        assert row["max_score"] == 100, row
-    assert row["reference"] == row["max_score"] > 0, row  # GPU-only tests, on a CPU: blocked, not counted
+    assert row["max_score"] == 100 and row["reference"] == 100, row  # every scenario runs on a CPU, kernels too
     assert row["untouched"] <= row["max_score"] / 10, row
 
 

@@ -1,29 +1,28 @@
-"""The grader a course can trust: screening, a tree the teacher builds, isolation, points per task, Gradescope.
+"""The grader a course can trust: the score is decided outside the student's process, from plain data.
 
-Each forging route a student tried (chapters/98-assignments.md, What the grader trusts) is here, with the
-score it must get: what the teacher's tests give the regions' bodies, and nothing else.
+Every forging route a student tried (chapters/98-assignments.md, The boundary) runs here through the real CLI and
+must score what an untouched copy scores; a body that reaches for the reference, the network or the parent's
+files gets an error in the sandbox and scores 0; the tests are feedback, and an interrupted test is a failure.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
-import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
 
-import pagedlab
-from pagedlab.course import assignment, gradescope, grading, regions
-from pagedlab.course.screening import screen
+from pagedlab.course import assignment, feedback, gradescope, grading, sandbox
 from pagedlab.stages import STAGES
+from tests.course import routes as R
 
-SRC = Path(pagedlab.__file__).parent
-ROOT = SRC.parents[1]
-FAST = "test_block_pool"  # stage 2's free-queue and pool tests: a grading run in seconds
+NEEDS_BWRAP = os.environ.get("PAGEDLAB_REQUIRE_BWRAP") == "1"
+UNTOUCHED = 0.0  # what an untouched stage-2 copy scores (test_untouched_copy_scores_zero_and_the_reference_full_marks)
 
 
 @pytest.fixture(scope="module")
@@ -37,177 +36,146 @@ def workspace(handout, tmp_path) -> Path:
     return Path(shutil.copytree(handout, tmp_path / "hw2"))
 
 
-def region(task_id: str) -> regions.Region:
-    return next(r for r in regions.find_regions(SRC) if r.task_id == task_id)
+def cli_grade(ws: Path, *extra: str, env=None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`pagedlab assignment grade WS --stage 2 --json` as a teacher runs it; (the run, Gradescope's results)."""
+    out = ws.parent / "results.json"
+    cmd = [sys.executable, "-m", "pagedlab", "assignment", "grade", str(ws), "--stage", "2", "--json", str(out)]
+    run = subprocess.run([*cmd, "--seed", "7", *extra], capture_output=True, text=True, env=env, timeout=600)
+    return run, json.loads(out.read_text())
 
 
-def write_body(ws: Path, task_id: str, body: list[str]) -> None:
-    """Replace the body of one region in the workspace's copy."""
-    r = region(task_id)
-    path = ws / r.path.relative_to(ROOT)
-    lines = path.read_text().splitlines()
-    mine = next(m for m in regions.file_regions(path, "\n".join(lines)) if m.task_id == task_id)
-    lines[mine.start + 1 + mine.header : mine.end] = body
-    path.write_text("\n".join(lines) + "\n")
+def task_scores(results: dict) -> dict[str, float]:
+    return {t["tags"][0]: t["score"] for t in results["tests"] if t["visibility"] == "visible"}
 
 
-def reference_body(task_id: str) -> list[str]:
-    r = region(task_id)
-    return r.body(r.path.read_text().splitlines())
+def assert_no_reference_text(run: subprocess.CompletedProcess, results: dict) -> None:
+    """No line of code of the stage's reference bodies comes back, in the report or in results.json."""
+    text = run.stdout + run.stderr + json.dumps(results)
+    for task in ("free-queue", "pool-allocate-free", "allocate-slots", "slot-mapping", "paged-gather"):
+        code = [line for line in R.code_lines(task) if len(line) > 25]
+        assert code and not [line for line in code if line in text], task
 
 
-def by_task(result: dict) -> dict[str, dict]:
-    return {t["id"]: t for t in result["tasks"]}
-
-
-# -- screening ----------------------------------------------------------------------------------------
-
-
-def test_every_reference_body_passes_screening():
-    for r in regions.find_regions(SRC):
-        text = r.path.read_text()
-        lines = text.splitlines()
-        assert screen("\n".join(r.body(lines)), r.indent(lines), text, regions.whole_functions(lines, r)) == [], r.label
-
-
-FILE = "import torch\nimport numpy as np\nfrom pagedlab.kv.block_pool import KVCacheBlock\n\ndef f(x):\n    return x\n"
-
-
-@pytest.mark.parametrize(
-    "body, why",
-    [
-        ("import pagedlab", "imports are not accepted"),
-        ("from pagedlab.kv import block_pool", "imports are not accepted"),
-        ("y = __import__('pagedlab')", "'__import__' is not accepted"),
-        ("exec(open('/ref/block_pool.py').read())", "'exec' is not accepted"),
-        ("y = eval('1')", "'eval' is not accepted"),
-        ("c = compile('1', 'x', 'eval')", "'compile' is not accepted"),
-        ("y = getattr(torch, 'load')", "'getattr' is not accepted"),
-        ("g = globals()", "'globals' is not accepted"),
-        ("y = sys.modules", "'sys' is not accepted"),
-        ("y = torch.os.system('x')", "'os' is not accepted"),
-        ("y = np.sys", "'sys' is not accepted"),
-        ("y = x.__class__.__mro__", "'__class__' is not accepted"),
-        ("y = f.__globals__", "'__globals__' is not accepted"),
-        ("y = frame.f_back.f_globals", "'f_back' is not accepted"),
-        ("y = torch._C", "below a module's public names"),
-        ("y = torch.utils.cpp_extension", "'utils' is not accepted"),
-        ("y = __builtins__", "'__builtins__' is not accepted"),
-        ("y = undefined_thing(1)", "'undefined_thing' is neither in this file"),
-        ("class Sneaky:\n    pass", "ClassDef is not accepted"),
-        ("global x", "global is not accepted"),
-        ("y = (lambda: 0).__code__", "'__code__' is not accepted"),
-        ("y = x.__", "'__' is not accepted"),
-    ],
-)
-def test_screening_refuses_each_way_out(body, why):
-    reasons = screen(textwrap.indent(body, "    "), "    ", FILE)
-    assert reasons and any(why in r for r in reasons), reasons
-
-
-def test_the_safe_builtins_are_builtins_and_none_is_forbidden():
-    import builtins
-
-    from pagedlab.course.screening import FORBIDDEN_NAMES, SAFE_BUILTINS
-
-    assert all(hasattr(builtins, name) for name in SAFE_BUILTINS) and not SAFE_BUILTINS & FORBIDDEN_NAMES
-
-
-def test_screening_refuses_code_outside_the_region_and_a_missing_function():
-    assert "indented less than the region" in screen("    x = 1\ny = 2", "    ", FILE)[0]
-    assert "does not parse" in screen("    x = (1,", "    ", FILE)[0]
-    reasons = screen("    def g(self):\n        return 1", "    ", FILE, whole_functions=["popleft", "g"])
-    assert reasons == ["line 1: the region must define popleft"]
-
-
-def test_screening_accepts_an_honest_body_with_its_own_names():
-    body = "    total = 0\n    for i, v in enumerate(x):\n        total += len([v]) * KVCacheBlock(i).block_id\n"
-    assert screen(body + "    return sorted({total, np.int64(1)})", "    ", FILE) == []
-    # a class's private attribute (Python renames self.__next to self._Class__next): kv/cow.py binds super()'s
-    assert screen("    return x.__next_allocate_slots(x, 1)", "    ", FILE) == []
-
-
-# -- the tree the teacher builds ------------------------------------------------------------------------
+def test_the_isolated_path_is_what_ci_tests():
+    isolated, why = sandbox.isolation()
+    if NEEDS_BWRAP:
+        assert isolated, f"PAGEDLAB_REQUIRE_BWRAP=1 but the sandbox is not used: {why}"
+    elif not isolated:
+        pytest.skip(f"no sandbox here: {why}")
 
 
 def test_untouched_copy_scores_zero_and_the_reference_full_marks(handout, tmp_path):
     untouched = grading.grade(handout, 2)
-    assert untouched["score"] == 0 and untouched["max_score"] == 100
-    assert {t["status"] for t in untouched["tests"]} == {"failed"}
-    assert "NotImplementedError: TASK free-queue" in " ".join(t["output"] for t in untouched["tests"])
+    assert untouched["score"] == UNTOUCHED and untouched["max_score"] == 100
+    assert "not started: 5 tasks" in untouched["output"] and "free-queue " not in untouched["output"]
     teacher = assignment.make(2, tmp_path / "teacher", with_solutions=True)
     full = grading.grade(teacher, 2)
     assert full["score"] == full["max_score"] == 100, full["output"]
-    assert [t["score"] for t in full["tasks"]] == [t["points"] for t in full["tasks"]]
+    assert [t["max_score"] for t in full["tests"]] == [20] * 5 and sum(t["max_score"] for t in full["tests"]) == 100
 
 
-def test_every_forging_route_outside_the_regions_is_ignored(workspace):
-    ws = workspace
-    # 1. the workspace's tests, replaced by ones that pass, with a conftest that turns failures into passes
-    shutil.rmtree(ws / "tests")
-    (ws / "tests").mkdir()
-    (ws / "tests" / "test_block_pool.py").write_text(
-        "def test_queue_pops_from_the_head_and_appends_at_the_tail():\n    pass\n"
-    )
-    (ws / "tests" / "conftest.py").write_text(
-        "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
-    )
-    # 2. a sitecustomize.py and a conftest.py in src/, an atexit hook rewriting any report, the stage changed
-    (ws / "src" / "sitecustomize.py").write_text("import atexit, os\natexit.register(lambda: os._exit(0))\n")
-    (ws / "src" / "conftest.py").write_text("raise SystemExit(0)\n")
-    spec = json.loads((ws / "assignment.json").read_text())
-    (ws / "assignment.json").write_text(json.dumps(dict(spec, stage=1)))
-    # 3. every test unmarked (the workspace's pytest config), and the package pointed at the installed reference
-    (ws / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-m nothing'\n")
-    init = ws / "src" / "pagedlab" / "__init__.py"
-    init.write_text(init.read_text() + f"\nimport sys\nsys.path.insert(0, {str(SRC.parent)!r})\n")
-    pool = ws / "src" / "pagedlab" / "kv" / "block_pool.py"
-    pool.write_text(pool.read_text() + f"\nexec(open({str(SRC / 'kv' / 'block_pool.py')!r}).read())\n")
-    result = grading.grade(ws, 2, keyword=FAST)
-    assert result["score"] == 0 and result["max_score"] == 40, result["output"]
-    notes = " ".join(result["notes"])
-    assert "kv/block_pool.py: changes outside the task regions are ignored" in notes
-    assert "src/pagedlab/__init__.py: changed" in notes and "src/sitecustomize.py: not in the reference" in notes
+def test_the_first_issues_routes_score_what_an_untouched_copy_scores(workspace):
+    """Full marks three ways (a match class pattern to gc, a pickle in np.load, str.format to the pipe and
+    np.savetxt), the reference read with torch.from_file and raised as the message, a KeyboardInterrupt."""
+    R.write_body(workspace, "free-queue", R.with_prelude("free-queue", "popleft", R.MATCH_CLASS, keep_rest=False))
+    R.write_body(workspace, "pool-allocate-free", R.with_prelude("pool-allocate-free", "allocate", R.NP_LOAD, False))
+    forged = R.with_prelude("allocate-slots", "allocate_slots", R.FORMAT_SAVETXT, False)
+    R.write_body(workspace, "allocate-slots", forged)
+    R.write_body(workspace, "slot-mapping", R.with_prelude("slot-mapping", "slot_mapping", R.FROM_FILE, False))
+    interrupt = R.with_prelude("paged-gather", "context_slots", R.KEYBOARD_INTERRUPT, False)
+    R.write_body(workspace, "paged-gather", interrupt)
+    run, results = cli_grade(workspace, "--no-feedback")
+    assert run.returncode == 1 and set(task_scores(results).values()) == {UNTOUCHED}, run.stderr
+    assert results["score"] == UNTOUCHED
+    assert "reported twice" in run.stderr and "raised KeyboardInterrupt" in run.stderr  # forged lines, the interrupt
+    assert_no_reference_text(run, results)
 
 
-def test_a_body_that_reaches_the_reference_is_refused_and_an_honest_one_scores(workspace):
-    write_body(workspace, "free-queue", reference_body("free-queue"))  # honest
-    write_body(  # the reference's pool, one import away
-        workspace,
-        "pool-allocate-free",
-        [
-            "    import importlib",
-            "    _ref = importlib.import_module('pagedlab.kv.block_pool')",
-            "    allocate = _ref.BlockPool.allocate",
-        ],
-    )
-    result = grading.grade(workspace, 2, keyword=FAST)
-    tasks = by_task(result)
-    assert tasks["pool-allocate-free"]["status"] == "refused" and tasks["pool-allocate-free"]["score"] == 0
-    assert any("imports are not accepted" in r for r in tasks["pool-allocate-free"]["reasons"])
-    # free-queue's own two tests pass; the pool's state machine (tagged with both tasks) fails with the stub
-    assert tasks["free-queue"]["status"] == "accepted" and tasks["free-queue"]["score"] == pytest.approx(
-        20 * 2 / 3, abs=0.01
-    )
-    assert result["score"] == pytest.approx(13.33, abs=0.01) and result["max_score"] == 40
-    refused = [t for t in result["tests"] if "pool-allocate-free" in t["tags"]]
-    assert all(t["status"] == "failed" and "task pool-allocate-free refused" in t["output"] for t in refused)
+def test_interrupts_exits_hangs_and_pickles_in_a_body_score_nothing_and_fail_their_tests(workspace):
+    """pytest.exit, os._exit, a loop that eats the alarm, torch.load of a pickle, a hang; the tests (feedback) of an
+    interrupted body are failures, never passes."""
+    R.write_body(workspace, "free-queue", R.with_prelude("free-queue", "popleft", R.PYTEST_EXIT, False))
+    R.write_body(workspace, "pool-allocate-free", R.with_prelude("pool-allocate-free", "allocate", R.OS_EXIT, False))
+    eater = R.with_prelude("allocate-slots", "allocate_slots", R.EAT_THE_ALARM, False)
+    R.write_body(workspace, "allocate-slots", eater)
+    R.write_body(workspace, "slot-mapping", R.with_prelude("slot-mapping", "slot_mapping", R.TORCH_LOAD, False))
+    R.write_body(workspace, "paged-gather", R.with_prelude("paged-gather", "context_slots", R.HANG, False))
+    run, results = cli_grade(workspace, "--timeout", "2")
+    assert set(task_scores(results).values()) == {UNTOUCHED}, run.stderr
+    assert "the process ended during this case" in run.stderr and "killed: it ran past" in run.stderr
+    assert "raised CaseTimeout" in run.stderr
+    assert "Exit: the test was interrupted" in run.stderr  # pytest.exit in a test: failed, not passed
+    assert_no_reference_text(run, results)
 
 
-def test_a_missing_region_scores_zero_for_its_task_only(workspace):
-    path = workspace / "src" / "pagedlab" / "kv" / "block_pool.py"
-    text = path.read_text()
-    first = text.index(regions.BEGIN)
-    path.write_text(text[:first] + text[first:].replace(regions.BEGIN, "# (markers removed)", 1))
-    with pytest.raises(ValueError):
-        regions.file_regions(path, path.read_text())
-    result = grading.grade(workspace, 2, keyword=FAST)
-    assert {t["id"]: t["status"] for t in result["tasks"]}["free-queue"] == "missing"
-    assert result["score"] == 0
+def test_a_body_that_reaches_for_the_reference_the_network_or_the_parents_files_gets_an_error(workspace):
+    """Each body is the reference's, after a first line that opens the teacher's file, connects to a port this test
+    listens on, opens a file of the workspace, or runs `cat` on the teacher's file: in the sandbox each gets an
+    error and its task scores 0, while an honest body beside them scores its points."""
+    if not sandbox.isolation()[0]:
+        pytest.skip("the boundary under test is the sandbox's")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        R.write_body(workspace, "free-queue", R.with_prelude("free-queue", None, R.open_file(R.BLOCK_POOL)))
+        R.write_body(workspace, "pool-allocate-free", R.with_prelude("pool-allocate-free", None, R.connect(port)))
+        parents = R.with_prelude("allocate-slots", None, R.open_file(workspace / "assignment.json"))
+        R.write_body(workspace, "allocate-slots", parents)
+        R.write_body(workspace, "slot-mapping", R.with_prelude("slot-mapping", None, R.SUBPROCESS))
+        R.write_body(workspace, "paged-gather", R.reference_body("paged-gather"))
+        run, results = cli_grade(workspace, "--no-feedback")
+    assert task_scores(results) == {"paged-gather": 20, "free-queue": 0, "pool-allocate-free": 0,
+                                    "allocate-slots": 0, "slot-mapping": 0}, run.stderr  # fmt: skip
+    for error in ("FileNotFoundError", "ConnectionRefusedError", "CalledProcessError"):
+        assert error in run.stderr
 
 
-# -- isolation: hangs, exits, the pipe ----------------------------------------------------------------------
+def test_the_previous_issues_seven_routes_outside_the_regions_change_nothing(workspace):
+    R.forge_outside_the_regions(workspace)
+    run, results = cli_grade(workspace, "--no-feedback")
+    assert results["score"] == UNTOUCHED, run.stderr
+    R.write_body(workspace, "free-queue", R.reference_body("free-queue"))  # one honest task: exactly its points
+    run, results = cli_grade(workspace, "--no-feedback")
+    assert task_scores(results)["free-queue"] == 20 and results["score"] == 20, run.stderr
+    for note in ("kv/block_pool.py: changes outside the task regions are ignored", "src/sitecustomize.py: not in",
+                 "src/pagedlab/__init__.py: changed", "src/conftest.py: not in the reference"):  # fmt: skip
+        assert note in run.stderr
+
+
+def test_the_report_gives_each_task_its_score_first_failure_and_first_failing_test(workspace):
+    """A free queue that pops from the tail: its block names the case that differs and the test that says why; the
+    tasks not started fold into one line."""
+    body = "\n".join(R.reference_body("free-queue"))
+    body = body.replace("block = self.head.next_free_block", "block = self.tail.prev_free_block")
+    body = body.replace("if block is self.tail:", "if block is self.head:")
+    R.write_body(workspace, "free-queue", body.splitlines())
+    result = grading.grade(workspace, 2, seed=3)
+    text = result["output"]
+    assert "not started: 4 tasks" in text, text
+    block = text.split("free-queue", 1)[1]
+    assert 'pops_from_the_head_and_appends_at_the_tail: op 1 ("popleft")' in block
+    assert "test tests/kv/test_block_pool.py::test_queue_pops_from_the_head_and_appends_at_the_tail" in block
+    assert "assert" in block.split("test tests/kv/test_block_pool.py", 1)[1].splitlines()[0]
+    (row,) = [t for t in result["tasks"] if t["id"] == "free-queue"]
+    assert 0 < row["score"] < 20 and row["passed"] < row["cases"]
+
+
+def test_without_bwrap_grading_runs_and_says_so_in_one_line(tmp_path):
+    """The fallback: a plain process (numpy and torch still import from the install), one line in the report."""
+    teacher = assignment.make(2, tmp_path / "teacher", with_solutions=True)
+    out = tmp_path / "results.json"
+    env = dict(os.environ, PAGEDLAB_GRADER_SANDBOX="none")
+    cmd = [sys.executable, "-m", "pagedlab", "assignment", "grade", str(teacher), "--stage", "2", "--json", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    results = json.loads(out.read_text())
+    assert results["score"] == 100 and run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if "without isolation" in line]
+    assert len(warnings) == 1 and "PAGEDLAB_GRADER_SANDBOX=none" in warnings[0]
+    assert "without isolation" in results["output"]
+
+
+# -- hidden tests, the tests as feedback ---------------------------------------------------------------------------
 
 HIDDEN = """
 import os, time
@@ -223,78 +191,41 @@ def test_hangs():
     while True:
         time.sleep(0.05)
 
-def test_eats_the_alarm():
-    while True:
-        try:
-            time.sleep(0.05)
-        except BaseException:
-            pass
+def test_interrupts():
+    raise KeyboardInterrupt
 
-def test_exits_the_process():
-    os._exit(0)
-
-def test_reads_the_reference():
-    open(os.environ.get("PAGEDLAB_SOURCE", "{source}")).read()
-
-def test_starts_a_process():
-    import subprocess
-    subprocess.run(["true"])
-
-def test_after_the_exit():
-    assert "pagedlab" in FreeKVCacheBlockQueue.__module__
+def test_after_the_interrupt():
+    pass
 """
 
 
-def test_a_hang_an_exit_and_an_escape_fail_only_their_own_tests(tmp_path):
+def test_a_hidden_test_file_that_tags_no_task_is_an_error_naming_it(handout, tmp_path):
+    (tmp_path / "test_good.py").write_text("import pytest\npytestmark = pytest.mark.task('free-queue')\n")
+    (tmp_path / "test_forgotten.py").write_text("def test_x():\n    assert True\n")
+    with pytest.raises(ValueError, match="test_forgotten.py tags no task"):
+        grading.grade(handout, 2, extra_tests=tmp_path)
+    with pytest.raises(ValueError, match="test_forgotten.py tags no task"):
+        assignment.check_stages([2], extra_tests=tmp_path)
+    (tmp_path / "test_forgotten.py").write_text("import pytest\n@pytest.mark.task('lookup')\ndef test_x():\n    pass\n")
+    with pytest.raises(ValueError, match=r"test_forgotten.py tags \['lookup'\], not tasks of this stage"):
+        feedback.check_hidden_tests(tmp_path, ["free-queue"])
+
+
+def test_hidden_tests_are_feedback_after_publication_and_an_interrupt_is_a_failure(tmp_path):
     teacher = assignment.make(2, tmp_path / "teacher", with_solutions=True)
     hidden = tmp_path / "hidden"
     hidden.mkdir()
-    (hidden / "test_hidden.py").write_text(HIDDEN.replace("{source}", str(SRC / "kv" / "block_pool.py")))
-    result = grading.grade(teacher, 2, extra_tests=hidden, keyword="hidden", per_test_timeout=2, total_timeout=200)
-    got = {t["name"].split("::")[-1]: t for t in result["tests"]}
-    assert set(got) == {
-        "test_passes", "test_hangs", "test_eats_the_alarm", "test_exits_the_process",
-        "test_reads_the_reference", "test_starts_a_process", "test_after_the_exit",
-    }  # fmt: skip
-    assert got["test_passes"]["status"] == got["test_after_the_exit"]["status"] == "passed"
-    assert "time limit" in got["test_hangs"]["output"]
-    assert "killed" in got["test_eats_the_alarm"]["output"]
-    assert "exited during this test" in got["test_exits_the_process"]["output"]
-    assert "PermissionError" in got["test_reads_the_reference"]["output"]
-    assert "PermissionError" in got["test_starts_a_process"]["output"]
-    for t in got.values():  # hidden tests: after publication, and no line of their source
-        assert t["visibility"] == "after_published" and "time.sleep" not in t["output"]
+    (hidden / "test_hidden.py").write_text(HIDDEN)
+    result = grading.grade(teacher, 2, extra_tests=hidden, per_test_timeout=5)
+    assert result["score"] == 100, result["output"]  # hidden tests never set the score
+    got = {t["name"].split("::")[-1]: t for t in result["tests"] if t["visibility"] == "after_published"}
+    assert got["test_passes"]["status"] == "passed" and got["test_passes"]["max_score"] == 0
+    assert got["test_hangs"]["status"] == got["test_interrupts"]["status"] == "failed"
+    assert "time limit" in got["test_hangs"]["output"] and "interrupted" in got["test_interrupts"]["output"]
+    assert "test_after_the_interrupt" not in got or got["test_after_the_interrupt"]["status"] != "passed"
 
 
-def test_the_grader_never_trusts_a_line_without_the_nonce(tmp_path):
-    """The child's pipe is the only report; a forged line (wrong nonce) is dropped."""
-    read, write = __import__("os").pipe()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
-    with open(write, "wb", closefd=True) as w:
-        w.write(b'{"result": "x", "outcome": "passed", "nonce": "forged"}\n{"done": true, "nonce": "good"}\n')
-    msgs = list(grading._messages(proc, read, "good", idle_limit=10, deadline=__import__("time").monotonic() + 10))
-    assert msgs == [{"done": True}]
-
-
-# -- points, Gradescope's format, the autograder -------------------------------------------------------------
-
-
-def test_points_are_split_over_each_tasks_tests():
-    tests_of = grading.collect_tasks(2)
-    stage2 = {r.task_id: r for r in regions.stage_regions(ROOT, 2)}
-    assert set(tests_of) == set(stage2) and all(tests_of.values())
-    assert sum(r.points for r in stage2.values()) == 100
-    for stage in STAGES:  # every task of every stage has its points and at least one test
-        assert sum(r.points for r in regions.stage_regions(ROOT, stage)) == 100
-
-
-def test_every_task_tag_names_a_task():
-    ids = {r.task_id for r in regions.find_regions(SRC)}
-    import re
-
-    for path in (ROOT / "tests").rglob("test_*.py"):
-        for name in re.findall(r'mark\.task\("([^"]+)"\)', path.read_text()):
-            assert name in ids, f"{path.name}: @pytest.mark.task({name!r}) names no task"
+# -- points, Gradescope's format, the autograder ---------------------------------------------------------------------
 
 
 def test_results_have_gradescopes_shape_even_when_grading_fails(tmp_path):
@@ -314,14 +245,43 @@ def test_gradescope_autograder_files(tmp_path, handout):
     files = gradescope.write_gradescope(2, tmp_path / "ag")
     setup, run, source, archive = files
     assert run.read_text().count("--stage 2") == 1 and run.stat().st_mode & 0o111
-    assert "pip install -q -e" in setup.read_text() and (source / "src" / "pagedlab" / "kv" / "block_pool.py").exists()
+    assert "bubblewrap" in setup.read_text() and (source / "src" / "pagedlab" / "kv" / "block_pool.py").exists()
+    import zipfile
+
     names = zipfile.ZipFile(archive).namelist()
     assert "setup.sh" in names and "run_autograder" in names and "pagedlab/tests/conftest.py" in names
-    result = grading.grade(handout, 2, keyword="test_queue_pops")
-    tests = result["tests"]
-    assert tests and all(
-        set(t) == {"name", "score", "max_score", "status", "output", "visibility", "tags"} for t in tests
-    )
+    result = grading.grade(handout, 2)
+    keys = {"name", "score", "max_score", "status", "output", "visibility", "tags"}
+    assert result["tests"] and all(set(t) == keys for t in result["tests"])
     assert set(gradescope.gradescope_json(result)) == {
         "score", "execution_time", "output", "visibility", "stdout_visibility", "tests",
     }  # fmt: skip
+
+
+def test_every_stage_tasks_points_are_whole_and_add_up_to_100():
+    for stage in STAGES:
+        regions = grading.stage_regions(grading.repo_root(), stage)
+        assert sum(r.points for r in regions) == 100 and all(isinstance(r.points, int) for r in regions)
+
+
+def test_the_grader_never_trusts_a_line_it_did_not_ask_for():
+    """A case reported twice is an unknown outcome; a line for a case nobody ran, or not JSON, is ignored."""
+    got: dict = {}
+    current = grading._parse(b'{"start": "a"}\n{"case": "a", "obs": 1}\n{"case": "a", "obs": 1}\nnot json\n'
+                             b'{"start": "b"}\n', got)  # fmt: skip
+    assert current == "b" and grading._verdict("a", 1, got, {}) == "reported twice: an unknown outcome"
+    assert grading._verdict("b", 1, got, {}) == "no result: the process stopped before this case"
+    assert grading._verdict("c", 1, {"c": {"case": "c", "error": "Evil\nText", "at": ["x", 1]}}, {}) == (
+        "raised an exception"
+    )
+
+
+def test_a_student_checks_the_visible_cases_on_their_own_copy(workspace):
+    """In the workspace, with its own pagedlab first on the path: no reference to run, so the visible cases are
+    compared with scenarios.json (written by `make` from the reference), and the report says so."""
+    R.write_body(workspace, "free-queue", R.reference_body("free-queue"))
+    env = dict(os.environ, PYTHONPATH=str(workspace / "src"))
+    cmd = [sys.executable, "-m", "pagedlab", "assignment", "grade", ".", "--stage", "2", "--no-feedback"]
+    run = subprocess.run(cmd, cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
+    assert "Your own copy: the visible cases only" in run.stderr, run.stderr
+    assert "free-queue                   20      20  4/4" in run.stderr and "not started: 4 tasks" in run.stderr

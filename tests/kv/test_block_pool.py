@@ -4,6 +4,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 pytestmark = pytest.mark.stage2
@@ -107,3 +108,34 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.pytestmark = [pytest.mark.task("free-queue"), pytest.mark.task("pool-allocate-free")]
+
+
+def test_a_double_free_in_one_call_raises_and_leaks_nothing():
+    """free() queues the blocks that reached ref_cnt 0 together (uncached to the head, cached to the tail); one that
+    raises half-way must still leave every block it had freed in the queue."""
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    with pytest.raises(InvariantError, match="freed twice"):
+        pool.free([a, b, a])
+    assert a.ref_cnt == b.ref_cnt == 0 and pool.num_free == 4
+    assert [x.block_id for x in pool.free_block_queue.get_all_free_blocks()] == [0, 1, 2, 3]
+    pool.check_invariants()
+
+
+def test_a_deep_copy_of_a_big_pool_keeps_its_queue_and_does_not_recurse_per_block():
+    """The notebooks' lookahead (lessons/predict.py `ahead`) deep-copies the scheduler with its pool: copying the
+    free queue link by link recursed once per block and overflowed Python's stack at a few hundred blocks."""
+    import copy
+
+    pool = BlockPool(5000)
+    taken = pool.allocate(3)
+    pool.free(taken[1:2])  # one freed to the head: the queue is not in id order
+    twin = copy.deepcopy(pool)
+    order = [b.block_id for b in twin.free_block_queue.get_all_free_blocks()]
+    assert order == [b.block_id for b in pool.free_block_queue.get_all_free_blocks()] and order[0] == taken[1].block_id
+    assert all(
+        a is not b and a.block_id == b.block_id and a.ref_cnt == b.ref_cnt for a, b in zip(twin.blocks, pool.blocks)
+    )
+    assert twin.free_block_queue.get_all_free_blocks()[0] is twin.blocks[taken[1].block_id]  # one object per block
+    twin.allocate(10)
+    assert pool.num_free == 4998 and twin.num_free == 4988  # the copies are independent

@@ -64,9 +64,9 @@ class CountingIndex(HashChainIndex):
         self.asked["get"] += 1
         return super().get(block_hash)
 
-    def insert(self, block, block_hash):
+    def insert(self, block, block_hash, parent=None):
         self.asked["insert"] += 1
-        return super().insert(block, block_hash)
+        return super().insert(block, block_hash, parent)
 
     def evict(self, block):
         self.asked["evict"] += 1

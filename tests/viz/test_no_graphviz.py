@@ -70,9 +70,10 @@ def test_a_dot_figure_raises_dot_not_found_before_drawing(no_dot, tmp_path):
     assert str(caught.value) == graphs.dot_missing_line([caught.value.path])
 
 
-def test_notebook_display_without_dot_is_the_install_line(no_dot):
+def test_notebook_display_without_dot_is_a_matplotlib_picture_and_the_install_line(no_dot):
     data, _ = DisplayFormatter().format(graphs.block_sharing_graph({"a": [0, 1], "b": [0]}))
-    assert data == {"text/plain": graphs.dot_missing_line(["this drawing"])}
+    assert set(data) == {"image/png", "text/plain"} and data["image/png"][:8] == PNG
+    assert data["text/plain"] == graphs.dot_missing_line(["Graphviz's layout"]) + graphs.FALLBACK
 
 
 def test_notebook_display_with_dot_is_the_picture():
@@ -113,10 +114,11 @@ def test_notebooks_03_and_04_run_without_dot(tmp_path):
     args = [arg for name in names for arg in (f"notebooks/{name}", str(tmp_path / name))]  # never run in place
     done = run_without_dot(["-c", NOTEBOOK_RUNNER, *args], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    line = graphs.dot_missing_line(["this drawing"])
+    line = graphs.dot_missing_line(["Graphviz's layout"]) + graphs.FALLBACK
     for name in names:
         outputs = [o for cell in nbformat.read(tmp_path / name, as_version=4).cells for o in cell.get("outputs", [])]
         assert not [o for o in outputs if o["output_type"] == "error"] and "Traceback" not in json.dumps(outputs)
         shown = [o["data"] for o in outputs if o["output_type"] == "execute_result"]
-        assert any(d == {"text/plain": line} for d in shown), f"{name} displays no drawing"
+        drawn = [d for d in shown if d.get("text/plain") == line]
+        assert drawn and all("image/png" in d for d in drawn), f"{name} shows no drawing without dot"
         assert not any("image/svg+xml" in d for d in shown)

@@ -410,3 +410,35 @@ def test_step_through_in_a_notebook_is_an_iframe_of_the_page(traces):
     both = inline(traces["continuous"], compare=traces["swap"])._repr_html_()
     inner = html.unescape(html.unescape(both))  # the notebook's frame holds the comparison, which holds two pages
     assert inner.count('<script type="application/json" id="trace">') == 2
+
+
+@pytest.mark.slow
+def test_hits_copies_and_request_colours_are_marked_in_chromium(traces, pages, tmp_path):
+    """A prefix-cache hit is framed in its request's row, a copy-on-write copy carries its source in its title, and
+    no request is drawn in a block state's colour (the legend says so)."""
+    from pagedlab import LLM, SamplingParams
+    from pagedlab.viz.palette import STATE_COLOURS
+    from pagedlab.viz.trace import to_trace
+
+    trace, index = traces["continuous"], first_step_with(traces["continuous"], "hit")
+    dom = dump_dom(pages["continuous"], fragment=f"#step={trace['steps'][index]['step']}")
+    (hit,) = [e for e in trace["steps"][index]["events"] if e["kind"] == "hit"][:1]
+    (row,) = [n for n in dom.by_id("tables").children if n.attrs.get("data-request") == hit["request"]]
+    framed = [int(c.attrs["data-block"]) for c in row.find(data_block=None) if "hit" in c.attrs["class"].split()]
+    assert framed == hit["blocks"]
+    assert "a request's colour is its own" in dom.full_text()
+    chips = [n.attrs["style"] for n in dom.find(data_request=None) if "req" in n.attrs.get("class", "")]
+    assert chips and not any(colour.lower() in style.lower() for style in chips for colour in STATE_COLOURS)
+
+    llm = LLM(stage="cow", block_size=4, num_kv_blocks=16, max_num_seqs=8, record_trace=True)
+    llm.engine.add_request("A", "ROMEO:", SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=4, ignore_eos=True))
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    cow = to_trace(llm)
+    page = step_through.write_html(cow, tmp_path / "cow.html")
+    index = first_step_with(cow, "copy")
+    dom = dump_dom(page, fragment=f"#step={cow['steps'][index]['step']}")
+    for rid, src, dst in cow["steps"][index]["copies"]:
+        (row,) = [n for n in dom.by_id("tables").children if n.attrs.get("data-request") == rid]
+        (cell,) = [c for c in row.find(data_block=str(dst))]
+        assert "copied" in cell.attrs["class"].split() and f"a copy of block {src}" in cell.attrs["title"]

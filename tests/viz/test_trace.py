@@ -9,6 +9,7 @@ import json
 import pytest
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
+from pagedlab.engine import events
 from pagedlab.lessons.demo import DemoOptions, add_requests, make_llm
 from pagedlab.viz import trace as viz_trace
 
@@ -85,9 +86,12 @@ def test_a_child_that_waits_for_its_leader_forks_a_step_later():
     llm, prompts, _ = run_n2()
     step1, step2 = viz_trace.to_trace(llm, prompts)["steps"][:2]
     assert step1["tables"]["1_0"] == [] and step1["tables"]["0_0"] == [0, 1]  # the leader prefills "<bos>ROMEO:"
-    assert {"kind": "fork", "request": "1_0", "blocks": [0, 1], "text": "1_0 forked, sharing 0-1 (no copy yet)"} in (
-        step2["events"]
-    )
+    assert {
+        "kind": "fork",
+        "request": "1_0",
+        "blocks": [0, 1],
+        "text": "1_0 forked: shares blocks 0-1 with its parent (" + events.FORKED + ")",
+    } in (step2["events"])
     # The leaders write their next token into a private copy of their shared last block (4 and 5);
     # the first blocks 0 and 2 stay shared, each by its two children.
     assert step2["tables"] == {"0_0": [0, 4], "1_0": [0, 1], "0_1": [2, 5], "1_1": [2, 3]}

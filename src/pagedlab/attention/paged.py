@@ -32,7 +32,7 @@ class PagedAttention(ContiguousAttention):
     # TASK paged-gather (20 pts): paged gather: the cache slot of every context position, through the block table.
     def context_slots(self, meta: AttentionMetadata, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Cache slot of context position p = positions[i] of request rows[i]:
-        block_table[row, p // block_size] * block_size + p % block_size."""
+        block_table[row, p // block_size] * block_size + p % block_size. Returns an int64 tensor [S]."""
         bs = meta.block_size
         physical = meta.block_table[rows, positions // bs].long()  # [S]
         return physical * bs + positions % bs

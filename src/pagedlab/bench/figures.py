@@ -3,12 +3,13 @@
 Builds on: bench/common.py (read_rows), bench/__init__.py (BENCHES: which bench draws which figure, and how).
 Read with: chapters/97-architecture.md (Benchmarks).
 
-Five benches draw a figure that a chapter shows and quotes numbers from. One run of a bench
-writes both files, so the figure and the numbers cannot come from two different runs:
+The benches with a `figure` in BENCHES draw one that a chapter shows and quotes numbers from. One
+run of a bench writes both files, so the figure and the numbers cannot come from two different runs:
 
     pagedlab bench memory       figures/02_memory.png       figures/02_memory.json       chapter 2
     pagedlab bench sharing      figures/03_sharing.png      figures/03_sharing.json      chapter 3
     pagedlab bench prefix       figures/04_prefix.png       figures/04_prefix.json       chapter 4
+    pagedlab bench traces       figures/04_traces.png       figures/04_traces.json       chapter 4 (Real traffic)
     pagedlab bench throughput   figures/05_throughput.png   figures/05_throughput.json   chapter 5
     pagedlab bench real         figures/07_real.png         figures/07_real.json         chapter 7 (SmolLM2)
 

@@ -3,10 +3,22 @@
 Builds on: stages.py (each stage's preset: its chapter, its test marker), the tests' `task` markers.
 Read with: chapters/98-assignments.md.
 
-    regions.py         BEGIN/END SOLUTION regions: find them, stub them, put a student's back
-    assignment.py      `pagedlab assignment make|check`: a student's copy of a stage, its README, the teacher's check
-    screening.py       what a region may contain before it runs (no imports, no escape hatches)
-    grading.py         `pagedlab assignment grade`: the student's regions in the teacher's tree, run sandboxed
-    grading_runner.py  the pytest plugin the grader runs inside the sandbox (copied in, run as a script)
+    regions.py         BEGIN/END SOLUTION regions: find them, stub them
+    assignment.py      `pagedlab assignment make|check`: a student's copy of a stage, the teacher's check
+    handout.py         the copy's HANDOUT.md: tasks, lines, what builds on what, how it is graded
+    written.py         each stage's written problems (the answer key is in chapter 98)
+    submission.py      a workspace's region bodies, read as text; the trees the grader builds from them
+    screening.py       a body's shape, before it runs
+    scenarios/         what grades each task: cases whose observations are plain data
+    grading.py         `pagedlab assignment grade`: the trusted parent that decides the score
+    sandbox.py         where student code runs: bubblewrap, limits, and the fallback without it
+    run_scenarios.py   the sandboxed child that runs one task's scenarios (run as a script)
+    compare.py         a student's observations against the reference's
+    feedback.py        the tests of a task that lost points, run for feedback; hidden tests
+    grading_runner.py  the sandboxed pytest child (run as a script)
+    child_guard.py     the fallback's audit hook, loaded by both children
+    report.py          Gradescope's results and the text report
+    batch.py           `pagedlab assignment grade-all`: a batch, a CSV, similarity flags
+    similarity.py      how alike two bodies are, names and literals abstracted
     gradescope.py      `pagedlab assignment gradescope`: the autograder zip Gradescope runs
 """

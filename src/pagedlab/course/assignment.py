@@ -1,13 +1,15 @@
 """Course: `pagedlab assignment make N --out DIR` writes a student copy of stage N; `check` grades two copies.
 
-Builds on: course/regions.py (regions, stubs), course/grading.py (collect_tasks, grade).
+Builds on: course/regions.py (regions, stubs), course/handout.py, course/grading.py (collect_tasks, grade).
 Read with: chapters/98-assignments.md.
 
 A student copy is the repository with every stage-N region stubbed
 (course/regions.py), earlier stages' solutions kept, the stage's chapter and
-notebook, and a handout listing each task, its points, its file and line, and
-the tests that grade it. `check_stages` grades an untouched copy and the
-teacher's own for each stage: a teacher's first check that the points add up.
+notebook, a hand-out (each task, its points, its file and line, what it builds
+on, how it is graded, the written problems), and scenarios.json: the visible
+cases' observations, for the student's own checks. `check_stages` grades an
+untouched copy and the teacher's own for each stage: a teacher's first check
+that the points add up and the grader gives the reference full marks.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pagedlab.course import grading
-from pagedlab.course.regions import copy_tests, repo_root, stage_regions, stub_source
+from pagedlab.course import feedback, grading
+from pagedlab.course.handout import builds_on, handout
+from pagedlab.course.regions import copy_tests, file_regions, repo_root, stage_regions, stub_source
 from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 
@@ -28,7 +31,6 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
 
     `with_solutions` keeps the regions (a teacher's copy, for checking that grading gives full marks).
     """
-
     number, out, root = parse_stage(stage), Path(out), repo_root()
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out: {out} exists and is not empty")
@@ -44,16 +46,25 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
         target = out / path.relative_to(root)
         target.write_text(stub_source(path.read_text(), [r for r in regions if r.path == path]))
     _copy_reading(root, out, number)
+    graph = builds_on(number)
     tasks = [
-        {"id": r.task_id, "points": r.points, "file": str(r.path.relative_to(root)), "line": r.start + 1,
-         "task": r.task, "launcher": r.launcher, "tests": tests_of[r.task_id]}
+        {"id": r.task_id, "points": r.points, "file": str(r.path.relative_to(root)), "line": _line(out, root, r),
+         "task": r.task, "launcher": r.launcher, "builds_on": graph[r.task_id], "tests": tests_of[r.task_id]}
         for r in regions
     ]  # fmt: skip
     (out / "assignment.json").write_text(
         json.dumps({"stage": number, "name": STAGE_NAMES[number], "tasks": tasks}, indent=2) + "\n"
     )
-    (out / "HANDOUT.md").write_text(handout(number, tasks, root))
+    (out / "HANDOUT.md").write_text(handout(number, tasks, root, out))
+    (out / "scenarios.json").write_text(json.dumps(grading.visible_observations(number)) + "\n")
     return out
+
+
+def _line(out: Path, root: Path, region) -> int:
+    """The region's BEGIN line in the copy just written (stubs above it in the same file moved it up)."""
+    path = out / region.path.relative_to(root)
+    found = {r.task_id: r for r in file_regions(path, path.read_text())}
+    return found[region.task_id].start + 1
 
 
 def _copy_reading(root: Path, out: Path, number: int) -> None:
@@ -67,102 +78,74 @@ def _copy_reading(root: Path, out: Path, number: int) -> None:
         shutil.copy(chapter, out / "chapters" / chapter.name)
 
 
-def handout(number: int, tasks: list[dict], root: Path) -> str:
-    """The student's README: the tasks and their points, where they are, the tests that grade each, the rules."""
-    total = sum(t["points"] for t in tasks)
-    files = sorted({test.split("::")[0] for t in tasks for test in t["tests"]})
-    lines = [
-        f"# pagedlab assignment: stage {number} ({STAGE_NAMES[number]}), {total} points",
-        "",
-        f"Read `{STAGES[number].chapter}` first. Each task below is a region between `# BEGIN SOLUTION`",
-        "and `# END SOLUTION` whose code is a stub that raises `NotImplementedError` (inside a Triton kernel:",
-        "`pass`, and its launcher raises; delete that line once the kernel is written). Earlier stages are complete.",
-        "",
-        "| task | points | file | line | what to write | graded by |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| `{t['id']}` | {t['points']} | `{t['file']}` | {t['line']} | {t['task']} | {len(t['tests'])} tests |"
-        for t in tasks
-    ]
-    lines += [
-        "",
-        "## How it is graded",
-        "",
-        "Only the code between each region's markers is taken from your copy; it is put into the teacher's",
-        "own copy of pagedlab and run against the teacher's tests (perhaps with hidden ones), so changes",
-        "elsewhere (other files, the tests, `assignment.json`) are ignored. A task's points are split evenly",
-        "over its tests. Before anything runs, each region is screened: it may use the names its file already",
-        "has, its own local names, and plain builtins (`len`, `range`, `min`, `sorted`, ...); it may not",
-        "import, use `exec`/`eval`/`open`/`getattr`, or touch `sys`, `os` or dunder attributes. A refused region",
-        "scores zero for its task, with the reason. Each test has a time limit.",
-        "",
-        "Run the graded tests yourself:",
-        "",
-        "```bash",
-        f"PYTHONPATH=src python -m pytest -q -m '{STAGES[number].marker} and task' {' '.join(files)}",
-        "```",
-        "",
-        "and see your score as the grader computes it (the same screening, the same points):",
-        "",
-        "```bash",
-        f"PYTHONPATH=src python -m pagedlab assignment grade . --stage {number}",
-        "```",
-        "",
-        "## The tests of each task",
-        "",
-    ]
-    for t in tasks:
-        lines += [f"**`{t['id']}`** ({t['points']} points over {len(t['tests'])} tests):", ""]
-        lines += [f"- `{test}`" for test in t["tests"]] + [""]
-    chapter = root / STAGES[number].chapter
-    if chapter.exists() and "## Exercises" in chapter.read_text():
-        lines += ["## Exercises (from the chapter)", "", chapter.read_text().split("## Exercises", 1)[1].strip()]
-    return "\n".join(lines) + "\n"
-
-
-def check_stages(stages=tuple(STAGES), out=sys.stderr) -> list[dict]:
-    """A teacher's check of every stage: an untouched copy should score <= 10 %, the reference 100 %.
+def check_stages(stages=tuple(STAGES), out=sys.stderr, extra_tests=None) -> list[dict]:
+    """A teacher's check of every stage: an untouched copy should score <= 10 %, the reference 100 %; hidden tests
+    (`extra_tests`) must each tag a task of a checked stage, before anything is graded, and pass on the reference.
 
     One row per stage: tasks, points, both scores, both grading times (seconds, this machine)."""
+    root = repo_root()
+    hidden = _hidden_by_stage(root, stages, extra_tests)
     rows = []
     for number in stages:
         with tempfile.TemporaryDirectory() as tmp:
             student = make(number, Path(tmp) / "student")
             teacher = make(number, Path(tmp) / "teacher", with_solutions=True)
-            untouched, reference = grading.grade(student, number), grading.grade(teacher, number)
-        row = {
-            "stage": number,
-            "tasks": [f"{t['id']} ({t['points']})" for t in reference["tasks"]],
-            "tests": len(reference["tests"]),
-            "blocked": sum(t["status"] == "blocked" for t in reference["tests"]),
-            "max_score": reference["max_score"],
-            "untouched": untouched["score"],
-            "reference": reference["score"],
-            "untouched_s": untouched["execution_time"],
-            "reference_s": reference["execution_time"],
-        }
-        rows.append(row)
-        print(
-            f"stage {number}: untouched {row['untouched']:g} / {row['max_score']:g}, reference {row['reference']:g}, "
-            f"{row['tests']} tests ({row['blocked']} blocked), {row['untouched_s']} s + {row['reference_s']} s",
-            file=out,
-        )
+            untouched = grading.grade(student, number)
+            reference = grading.grade(teacher, number, extra_tests=hidden.get(number))
+        rows.append(_row(number, untouched, reference))
+        r = rows[-1]
+        scores = f"untouched {r['untouched']:g} / {r['max_score']:g}, reference {r['reference']:g}"
+        times = f"{r['cases']} cases, {r['untouched_s']} s + {r['reference_s']} s{r['hidden_text']}"
+        print(f"stage {number}: {scores}, {times}", file=out)
     return rows
+
+
+def _hidden_by_stage(root: Path, stages, extra_tests) -> dict:
+    """{stage: the hidden tests' folder} for the one checked stage its files tag; a file that tags no task (or
+    tasks of two stages) is a ValueError naming it, now."""
+    if extra_tests is None:
+        return {}
+    ids = {n: [r.task_id for r in stage_regions(root, n)] for n in stages}
+    fits = []
+    for number in stages:
+        try:
+            feedback.check_hidden_tests(extra_tests, ids[number])
+            fits.append(number)
+        except ValueError as e:
+            error = e
+    if not fits:
+        raise error
+    return {fits[0]: extra_tests}
+
+
+def _row(number: int, untouched: dict, reference: dict) -> dict:
+    hidden = [t for t in reference["tests"] if t["visibility"] == "after_published"]
+    failed = [t["name"] for t in hidden if t["status"] != "passed"]
+    return {
+        "stage": number,
+        "tasks": [f"{t['id']} ({t['points']})" for t in reference["tasks"]],
+        "cases": sum(t["cases"] for t in reference["tasks"]),
+        "max_score": reference["max_score"],
+        "untouched": untouched["score"],
+        "reference": reference["score"] if not failed else 0.0,
+        "untouched_s": untouched["execution_time"],
+        "reference_s": reference["execution_time"],
+        "hidden_failed": failed,
+        "hidden_text": f", hidden tests failing on the reference: {failed}" if failed else "",
+    }
 
 
 def check_table(rows: list[dict]) -> str:
     """The check's rows as chapter 98's markdown table."""
     lines = [
-        "| stage | tasks (points) | graded tests | untouched copy | reference | grading time (untouched / reference) |",
+        "| stage | tasks (points) | scenario cases | untouched copy | reference "
+        "| grading time (untouched / reference) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        blocked = f" (+{r['blocked']} blocked on a CPU)" if r["blocked"] else ""
         lines.append(
-            f"| {r['stage']} {STAGE_NAMES[r['stage']]} | {', '.join(r['tasks'])} "
-            f"| {r['tests'] - r['blocked']}{blocked} "
+            f"| {r['stage']} {STAGE_NAMES[r['stage']]} | {', '.join(r['tasks'])} | {r['cases']} "
             f"| {r['untouched']:g} / {r['max_score']:g} | {r['reference']:g} / {r['max_score']:g} "
-            f"| {r['untouched_s']:.0f} s / {r['reference_s']:.0f} s |"
+            f"| {r['untouched_s']:.1f} s / {r['reference_s']:.1f} s |"
         )
     return "\n".join(lines)

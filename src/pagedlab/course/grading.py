@@ -1,27 +1,21 @@
-"""Grading a course assignment: `pagedlab assignment grade DIR --stage N [--json [FILE]]`.
+"""Course: grading a workspace: `pagedlab assignment grade DIR --stage N [--json [FILE]]`.
 
-Builds on: course/regions.py (regions, stubs), course/screening.py, course/grading_runner.py.
-Read with: chapters/98-assignments.md (Grading, What the grader trusts).
+Builds on: course/submission.py (bodies, trees), course/scenarios/ (what grades a task), course/sandbox.py (where
+student code runs), course/compare.py, course/feedback.py (the tests, for feedback), course/report.py.
+Read with: chapters/98-assignments.md (Grading, The boundary).
 
 A workspace is the student's; nothing in it is trusted, not even the stage it
-claims. The grader
+claims. The score is decided here, in the trusted process, from plain data:
 
-    1. assembles a fresh tree from the teacher's reference (src/, tests/, pyproject.toml)
-       in a new temporary folder, and collects the teacher's tests tagged with the
-       stage's tasks (@pytest.mark.task("free-queue")) there, before any student code;
-    2. takes from the workspace only the bodies of the stage's regions, screens each
-       (course/screening.py) and splices the accepted ones in; a refused or missing
-       body leaves the stub, so that task scores zero; changes anywhere else are
-       reported and ignored;
-    3. runs the tests in an isolated interpreter (course/grading_runner.py: `-I`, a clean
-       environment, an audit hook), reading each result down a pipe with a nonce;
-       a test that hangs past its time, crashes or calls os._exit fails, and the
-       others run on in a fresh process; a total time limit bounds it all;
-    4. scores per task: a task's points are split evenly over its tests; tests that
-       need a GPU are "blocked" on a machine without one (neither passed nor zero);
-    5. returns Gradescope's results format (score, execution_time, output,
-       visibility, stdout_visibility, tests[] with name, score, max_score, status,
-       output, visibility, tags); hidden tests are "after_published" and show no source.
+    1. read each region's body as text (course/submission.py); an untouched stub scores 0 and never runs
+    2. draw a seed; run every task's scenarios on the teacher's reference, here, in this process
+    3. for each started task, build a tree: the teacher's src/ with only that task's body spliced in (every
+       other task keeps the teacher's code, so each task earns its points alone), and run the same scenarios
+       there in a sandbox that holds no secret (course/sandbox.py), the seed given only at run time
+    4. a case passes when the student's observations equal the reference's (course/compare.py); a task scores
+       its points times the share of its cases that passed; a case that hung, crashed or never reported failed
+    5. for a task that lost points, run its tests in the student's own tree (all their bodies), sandboxed, and
+       show the first failing assertion: feedback only (course/feedback.py)
 """
 
 from __future__ import annotations
@@ -29,118 +23,237 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import selectors
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.course.regions import copy_tests, file_regions, repo_root, stage_regions, stub_body, whole_functions
-from pagedlab.course.screening import screen
-from pagedlab.stages import STAGE_NAMES, parse_stage
+from pagedlab.course import feedback, report, sandbox
+from pagedlab.course.compare import first_difference
+from pagedlab.course.regions import repo_root, stage_regions
+from pagedlab.course.scenarios import run_case, stage_scenarios
+from pagedlab.course.submission import Body, build_tree, read_bodies
+from pagedlab.stages import parse_stage
 
-PER_TEST_TIMEOUT = 120.0  # seconds one test may run (the SIGALRM in the child; a kill 15 s later)
+PER_TEST_TIMEOUT = 60.0  # seconds one scenario case or one test may run
 TOTAL_TIMEOUT = 900.0  # seconds for the whole grading
-_KILL_GRACE = 15.0
-_STUBBED_LAUNCHER = "(kernel stubbed: write it, then delete this line)"
+CHILD_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "TRITON_INTERPRET": "1",  # no GPU in the sandbox: Triton's interpreter, on the CPU
+    "MPLBACKEND": "Agg",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "HYPOTHESIS_STORAGE_DIRECTORY": "/tmp/.hypothesis",
+}
+_EXPECTED: dict = {}  # (root, stage, seed, task) -> {case: observation}: a batch computes the reference once
+_COLLECTED: dict = {}  # (root, stage) -> {task: test ids}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds every child of one grading."""
+
+    per_item: float  # seconds one case or one test may run
+    deadline: float  # time.monotonic() at which the whole grading stops
+    forbidden: list  # folders the fallback's audit hook refuses (the teacher's checkout, the workspace)
 
 
 @dataclass
-class Task:
-    """One region of the stage, as the grader sees it."""
+class TaskResult:
+    """One task as graded."""
 
-    id: str
-    points: int
-    file: str  # relative to the tree
-    line: int
-    status: str = "accepted"  # accepted | refused | missing
-    reasons: list[str] = field(default_factory=list)
-    tests: list[str] = field(default_factory=list)
+    body: Body
+    cases: dict[str, str | None] = field(default_factory=dict)  # case -> None (passed) or why it failed
+    feedback: str = ""  # the first failing test and its assertion, in one or two lines
+
+    @property
+    def fraction(self) -> float:
+        return sum(why is None for why in self.cases.values()) / len(self.cases) if self.cases else 0.0
 
 
-def grade(
-    workspace: str | Path,
-    stage: int | str,
-    extra_tests: str | Path | None = None,
-    keyword: str | None = None,
-    per_test_timeout: float = PER_TEST_TIMEOUT,
-    total_timeout: float = TOTAL_TIMEOUT,
-    gpu: bool | None = None,
-) -> dict:
-    """Grade `workspace` as stage `stage` (the teacher's word); Gradescope's results, plus `max_score` and `tasks`.
-
-    `keyword` keeps only tests whose id contains it (a quick check, never a grade); `gpu` overrides the
-    machine's CUDA check (tests marked gpu are blocked without one).
-    """
+def grade(workspace, stage, extra_tests=None, per_test_timeout=PER_TEST_TIMEOUT, total_timeout=TOTAL_TIMEOUT,
+          seed: int | None = None, run_feedback: bool = True) -> dict:  # fmt: skip
+    """Grade `workspace` as stage `stage` (the teacher's word); Gradescope's results, plus `max_score`, `tasks`,
+    `seed` and `isolation`. `seed` fixes the seeded cases (default: drawn now)."""
     started = time.monotonic()
     number, ws, root = parse_stage(stage), _workspace(Path(workspace)), repo_root()
     regions = stage_regions(root, number)
     if not regions:
         raise ValueError(f"stage: stage {number} has no tasks")
-    gpu = _has_cuda() if gpu is None else gpu
-    tree = Path(tempfile.mkdtemp(prefix="pagedlab-tree-"))
-    private = Path(tempfile.mkdtemp(prefix="pagedlab-grader-"))
-    try:
-        _copy_reference(root, tree, extra_tests)
-        tasks = {r.task_id: Task(r.task_id, r.points, str(r.path.relative_to(root)), r.start + 1) for r in regions}
-        files = _test_files(tree)
-        env = _clean_env(private)
-        forbidden = _forbidden_folders(root, ws)
-        collected = _collect(tree, private, files, tasks, env, forbidden, per_test_timeout)
-        if keyword:
-            collected = [c for c in collected if keyword in c["id"]]
-        for c in collected:
-            for t in c["tasks"]:
-                tasks[t].tests.append(c["id"])
-        notes = _splice(root, ws, tree, regions, tasks)
-        notes += [
-            f"hidden test file {path.name} tags no task (@pytest.mark.task): not run"
-            for path in sorted((tree / "tests" / "hidden").rglob("test_*.py"))
-            if str(path.relative_to(tree)) not in files
-        ]
-        runnable = [c["id"] for c in collected if gpu or not c["gpu"]]
-        deadline = started + total_timeout
-        results = _run(tree, private, files, list(tasks), runnable, env, forbidden, per_test_timeout, deadline)
-        out = _report(number, tasks, collected, results, notes)
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
+    hidden = feedback.check_hidden_tests(extra_tests, [r.task_id for r in regions])
+    bodies, notes = read_bodies(root, ws, regions)
+    for r in regions:
+        bodies.setdefault(r.task_id, Body(r))
+    seed = secrets.randbelow(1 << 31) if seed is None else seed
+    local = (root / "assignment.json").exists()  # a student's copy grading itself: only the visible cases
+    started_tasks = [t for t, b in bodies.items() if b.status == "accepted"]
+    expected = _expected(root, number, None if local else seed, started_tasks)
+    limits = Limits(per_test_timeout, started + total_timeout, _forbidden(root, ws))
+    with tempfile.TemporaryDirectory(prefix="pagedlab-grade-") as tmp:
+        results = _run_tasks(root, Path(tmp), number, bodies, expected, seed, limits)
+        hidden_tests = []
+        if run_feedback:
+            hidden_tests = feedback.attach(root, Path(tmp), regions, results, hidden, CHILD_ENV, limits)
+    out = report.results(root, number, results, hidden_tests, notes, seed, local, sandbox.isolation())
     out["execution_time"] = round(time.monotonic() - started, 1)
     return out
 
 
-def collect_tasks(stage: int | str) -> dict[str, list[str]]:
-    """{task id: the ids of the teacher's tests that grade it}, collected in a fresh reference tree."""
+def collect_tasks(stage) -> dict[str, list[str]]:
+    """{task id: the ids of the teacher's tests that check it} (the hand-out lists them; they are feedback).
+    Collected once per process and stage: the teacher's tests do not change under a running grader."""
     number, root = parse_stage(stage), repo_root()
-    regions = stage_regions(root, number)
-    tree = Path(tempfile.mkdtemp(prefix="pagedlab-tree-"))
-    private = Path(tempfile.mkdtemp(prefix="pagedlab-grader-"))
-    try:
-        _copy_reference(root, tree, None)
-        tasks = {r.task_id: None for r in regions}
-        collected = _collect(tree, private, _test_files(tree), tasks, _clean_env(private), [], PER_TEST_TIMEOUT)
-    finally:
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.rmtree(private, ignore_errors=True)
-    return {t: [c["id"] for c in collected if t in c["tasks"]] for t in tasks}
+    key = (str(root), number)
+    if key not in _COLLECTED:
+        ids = [r.task_id for r in stage_regions(root, number)]
+        with tempfile.TemporaryDirectory(prefix="pagedlab-collect-") as tmp:
+            _COLLECTED[key] = feedback.collect_tasks(root, ids, CHILD_ENV, Path(tmp))
+    return {task: list(tests) for task, tests in _COLLECTED[key].items()}
 
 
-def failed_grading(message: str) -> dict:
-    """Gradescope's results when grading itself could not run: zero, with the reason for the student."""
-    return {
-        "score": 0,
-        "max_score": 0,
-        "execution_time": 0,
-        "output": f"Grading failed: {message}",
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": [],
-    }
+def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> dict:
+    """{task: {case: observation}} of the teacher's reference for `tasks`, run here (the rest: the case names only);
+    a student's copy has no reference, only the visible cases' observations its hand-out ships (scenarios.json)."""
+    scenarios = stage_scenarios(number)
+    if seed is None:
+        shipped = root / "scenarios.json"
+        if not shipped.is_file():
+            raise ValueError(f"scenarios.json: {root} is a student's copy without it (made by an older grader)")
+        return json.loads(shipped.read_text())
+    out = {task: dict.fromkeys(s.case_names()) for task, s in scenarios.items()}
+    for task in tasks:
+        key = (str(root), number, seed, task)
+        if key not in _EXPECTED:
+            kernels_on_cpu(number)
+            _EXPECTED[key] = {name: _plain(run_case(scenarios[task], name, seed)) for name in out[task]}
+            while len(_EXPECTED) > 64:
+                _EXPECTED.pop(next(iter(_EXPECTED)))
+        out[task] = _EXPECTED[key]
+    return out
+
+
+def kernels_on_cpu(number: int) -> None:
+    """Stage 6's scenarios run Triton's kernels: without a GPU, under its interpreter (chosen before the import)."""
+    if number == 6 and "TRITON_INTERPRET" not in os.environ and not _has_cuda():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def visible_observations(stage: int) -> dict:
+    """The fixed cases' observations of the reference (a hand-out ships them for the student's own checks)."""
+    kernels_on_cpu(stage)
+    return {task: {name: _plain(run_case(s, name, None)) for name in s.case_names(seeded=False)}
+            for task, s in stage_scenarios(stage).items()}  # fmt: skip
+
+
+def _plain(obs):
+    """As JSON sees it (tuples are lists, numpy's numbers plain): what the sandbox's observations will look like."""
+    return json.loads(json.dumps(obs, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+
+
+def _run_tasks(root, tmp, number, bodies, expected, seed, limits: Limits) -> dict[str, TaskResult]:
+    """Each started task's scenarios in its own sandboxed tree, several at a time."""
+    results = {task: TaskResult(body) for task, body in bodies.items()}
+    started = [t for t, b in bodies.items() if b.status == "accepted"]
+    jobs = max(1, min(len(started), os.cpu_count() or 1))
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = {t: pool.submit(_run_task, root, tmp, number, bodies[t], expected[t], seed, limits) for t in started}
+        for task, future in runs.items():
+            results[task].cases = future.result()
+    for task, result in results.items():
+        if result.body.status != "accepted":
+            result.cases = {name: result.body.status for name in expected[task]}
+    return results
+
+
+def _run_task(root, tmp, number, body: Body, expected: dict, seed, limits: Limits) -> dict[str, str | None]:
+    """{case: None if its observation equals the reference's, else why not}, from sandboxed children."""
+    task = body.region.task_id
+    tree = build_tree(root, tmp / f"task-{task}", [body.region], {task: body.lines})
+    got: dict[str, dict] = {}
+    why: dict[str, str] = {}
+    remaining = list(expected)
+    while remaining and time.monotonic() < limits.deadline:
+        spec = {"stage": number, "task": task, "cases": remaining, "seed": seed, "timeout": limits.per_item}
+        run = sandbox.run(tree, "src/pagedlab/course/run_scenarios.py", json.dumps(spec).encode() + b"\n", CHILD_ENV,
+                          limits.deadline - time.monotonic(), tmp / f"log-{task}.txt", limits.forbidden,
+                          item_limit=limits.per_item + 3)  # fmt: skip
+        current = _parse(run.output, got)
+        if current is not None and current not in got:
+            why[current] = (f"killed: it ran past {run.killed}" if run.killed
+                            else f"the process ended during this case (exit code {run.returncode})")  # fmt: skip
+        left = [c for c in remaining if c not in got and c not in why]
+        if run.killed and current is not None:  # it outlived its own alarm: the body ignores time limits
+            why.update({c: f"not run: case {current} had to be killed" for c in left})
+            break
+        if len(left) == len(remaining):
+            break
+        remaining = left
+    return {name: _verdict(name, expected[name], got, why) for name in expected}
+
+
+def _parse(output: bytes, got: dict) -> str | None:
+    """Record each case's observation or error in `got`; a case reported twice is unknown. Returns the case that
+    started last without a result (the one running when the child stopped), or None."""
+    current = None
+    for line in output.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(msg, dict):
+            continue
+        if isinstance(msg.get("start"), str):
+            current = msg["start"]
+        elif isinstance(msg.get("case"), str):
+            name = msg["case"]
+            got[name] = {"twice": True} if name in got else msg
+            current = None
+    return current
+
+
+def _verdict(name: str, want, got: dict, why: dict) -> str | None:
+    if name in why:
+        return why[name]
+    msg = got.get(name)
+    if msg is None:
+        return "no result: the process stopped before this case"
+    if msg.get("twice"):
+        return "reported twice: an unknown outcome"
+    if "error" in msg:
+        return _error_text(msg)
+    return first_difference(want, msg.get("obs"))
+
+
+def _error_text(msg: dict) -> str:
+    """ "raised NotImplementedError at kv/block_pool.py:62": a type name and a place, never the message."""
+    kind = msg.get("error") if isinstance(msg.get("error"), str) and msg["error"].isidentifier() else "an exception"
+    at = msg.get("at")
+    ok = isinstance(at, list) and len(at) == 2 and isinstance(at[0], str) and isinstance(at[1], int)
+    place = f" at {at[0]}:{at[1]}" if ok and at[0].endswith(".py") and len(at[0]) < 80 and at[0].isascii() else ""
+    return f"raised {kind[:60]}{place}"
+
+
+def _forbidden(root: Path, ws: Path) -> list[str]:
+    """What the fallback's audit hook refuses to open: the teacher's source, tests and reading, the workspace, any
+    installed pagedlab (the Python install, even inside the checkout, stays readable)."""
+    folders = [root / part for part in ("src", "tests", "chapters", "notebooks")] + [ws]
+    folders += [Path(p) / "pagedlab" for p in sys.path if p and (Path(p) / "pagedlab").is_dir()]
+    return sorted({str(f.resolve()) for f in folders})
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _workspace(path: Path) -> Path:
@@ -154,349 +267,11 @@ def _workspace(path: Path) -> Path:
     raise ValueError(f"workspace: {path} has no src/pagedlab (not a folder written by `assignment make`)")
 
 
-# -- 1. the tree -----------------------------------------------------------------------------------
+def failed_grading(message: str) -> dict:
+    """Gradescope's results when grading itself could not run: zero, with the reason for the student."""
+    return {"score": 0, "max_score": 0, "execution_time": 0, "output": f"Grading failed: {message}",
+            "visibility": "visible", "stdout_visibility": "hidden", "tests": []}  # fmt: skip
 
 
-def _copy_reference(root: Path, tree: Path, extra_tests: str | Path | None) -> None:
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc")
-    shutil.copytree(root / "src", tree / "src", ignore=ignore)
-    copy_tests(root, tree / "tests")
-    shutil.copy(root / "pyproject.toml", tree / "pyproject.toml")
-    if extra_tests is not None:
-        hidden = Path(extra_tests)
-        if not hidden.is_dir():
-            raise ValueError(f"--extra-tests: {hidden} is not a folder")
-        shutil.copytree(hidden, tree / "tests" / "hidden", ignore=ignore)
-        (tree / "tests" / "hidden" / "__init__.py").touch()
-
-
-def _test_files(tree: Path) -> list[str]:
-    """The teacher's test files that tag a task (only those are collected)."""
-    return sorted(
-        str(path.relative_to(tree)) for path in (tree / "tests").rglob("test_*.py") if "mark.task(" in path.read_text()
-    )
-
-
-def _splice(root: Path, ws: Path, tree: Path, regions: list, tasks: dict[str, Task]) -> list[str]:
-    """Put each accepted body of the student's regions into the tree; what else changed, as notes."""
-    notes = []
-    for path in sorted({r.path for r in regions}):
-        rel = path.relative_to(root)
-        ref_text = path.read_text()
-        ref_lines = ref_text.splitlines()
-        mine = sorted((r for r in regions if r.path == path), key=lambda r: r.start, reverse=True)
-        student = _student_regions(ws / rel, mine, tasks)
-        for region in mine:
-            task = tasks[region.task_id]
-            body = student[0].get(region.task_id) if student else None
-            if body is not None:
-                wanted = whole_functions(ref_lines, region)
-                task.reasons = screen("\n".join(body), region.indent(ref_lines), ref_text, wanted)
-                task.status = "refused" if task.reasons else "accepted"
-            if task.status != "accepted":
-                body = stub_body(ref_lines, region)
-            ref_lines[region.start + 1 + region.header : region.end] = body
-        (tree / rel).write_text("\n".join(ref_lines) + "\n")
-        if student and student[1] != _outside(ref_text, mine):
-            notes.append(f"{rel}: changes outside the task regions are ignored")
-    notes += _other_changes(root, ws, {r.path.relative_to(root) for r in regions})
-    return notes
-
-
-def _student_regions(path: Path, regions: list, tasks: dict[str, Task]):
-    """({task id: body lines}, the file outside its regions), or None when the file or its markers are gone."""
-    try:
-        text = path.read_text()
-        found = file_regions(path, text)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        for r in regions:
-            tasks[r.task_id].status, tasks[r.task_id].reasons = "missing", [f"{path.name}: {e}"]
-        return None
-    lines = text.splitlines()
-    bodies = {r.task_id: r.body(lines) for r in found}
-    for r in regions:
-        if r.task_id not in bodies:
-            tasks[r.task_id].status = "missing"
-            tasks[r.task_id].reasons = [f"no region marked '# TASK {r.task_id}' in {path.name}"]
-    return bodies, _outside(text, found)
-
-
-def _outside(text: str, regions: list) -> list[str]:
-    """The file's lines outside region bodies (and without a stubbed launcher's raise), stripped."""
-    lines = text.splitlines()
-    inside = {i for r in regions for i in range(r.start + 1 + r.header, r.end)}
-    return [line.strip() for i, line in enumerate(lines) if i not in inside and _STUBBED_LAUNCHER not in line]
-
-
-def _other_changes(root: Path, ws: Path, task_files: set[Path]) -> list[str]:
-    notes = []
-    for path in sorted((ws / "src").rglob("*.py")):
-        rel = path.relative_to(ws)
-        ref = root / rel
-        if rel in task_files:
-            continue
-        if not ref.exists():
-            notes.append(f"{rel}: not in the reference; ignored")
-        elif path.read_bytes() != ref.read_bytes():
-            notes.append(f"{rel}: changed, but it holds no task of this stage; ignored")
-    return notes
-
-
-# -- 3. the isolated run --------------------------------------------------------------------------------
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _clean_env(private: Path) -> dict:
-    """Only what the tests need: no PYTHON*, no PAGEDLAB_*, a private HOME and TMPDIR."""
-    home = private / "home"
-    (home / "tmp").mkdir(parents=True)
-    env = {
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "HOME": str(home),
-        "TMPDIR": str(home / "tmp"),
-        "LANG": "C.UTF-8",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "MPLBACKEND": "Agg",
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-    }
-    for name in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "TRITON_INTERPRET"):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    return env
-
-
-def _forbidden_folders(root: Path, ws: Path) -> list[str]:
-    """What no graded test may open: the reference's source and tests, the workspace, any installed pagedlab."""
-    folders = [root / "src", root / "tests", root / "chapters", root / "notebooks", ws]
-    for entry in sys.path:
-        if entry and (Path(entry) / "pagedlab").is_dir():
-            folders.append(Path(entry) / "pagedlab")
-    return sorted({str(Path(f).resolve()) for f in folders})
-
-
-def _child(tree: Path, private: Path, spec: dict, env: dict, forbidden: list[str]):
-    """Start the runner; return (process, read end of its report pipe, nonce)."""
-    runner = private / "run_tests.py"
-    if not runner.exists():
-        shutil.copy(Path(__file__).with_name("grading_runner.py"), runner)
-    spec_file = private / f"spec-{secrets.token_hex(4)}.json"
-    spec_file.write_text(json.dumps(spec))
-    read, write = os.pipe()
-    nonce = secrets.token_hex(16)
-    log = open(private / "log.txt", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-I", str(runner), str(spec_file), str(write)],
-        stdin=subprocess.PIPE,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tree,
-        env=env,
-        pass_fds=(write,),
-        start_new_session=True,
-    )
-    os.close(write)
-    log.close()
-    proc.stdin.write(f"{nonce}\n{json.dumps(forbidden)}\n".encode())
-    proc.stdin.close()
-    return proc, read, nonce
-
-
-def _messages(proc, read: int, nonce: str, idle_limit: float, deadline: float):
-    """Yield the child's verified messages; kill it when a test runs `idle_limit` past its start, or at `deadline`."""
-    sel = selectors.DefaultSelector()
-    sel.register(read, selectors.EVENT_READ)
-    buf, test_started = b"", None
-    try:
-        while True:
-            now = time.monotonic()
-            if now > deadline or (test_started is not None and now - test_started > idle_limit):
-                _kill(proc)
-                yield {"killed": "the total time limit" if now > deadline else "the per-test time limit"}
-                return
-            if not sel.select(timeout=min(1.0, max(0.01, deadline - now))):
-                continue
-            chunk = os.read(read, 65536)
-            if not chunk:
-                return
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(msg, dict) and msg.pop("nonce", None) == nonce:
-                    if "start" in msg:
-                        test_started = time.monotonic()
-                    elif "result" in msg:
-                        test_started = None
-                    yield msg
-    finally:
-        sel.close()
-        os.close(read)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-
-
-def _kill(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _collect(tree, private, files, tasks, env, forbidden, per_test_timeout) -> list[dict]:
-    """The tests tagged with the stage's tasks, collected in the pure reference tree (before any student code)."""
-    spec = {"tree": str(tree), "files": files, "tasks": list(tasks), "collect": True, "timeout": per_test_timeout}
-    proc, read, nonce = _child(tree, private, spec, env, forbidden)
-    collected, errors = None, []
-    for msg in _messages(proc, read, nonce, idle_limit=300, deadline=time.monotonic() + 300):
-        if "collected" in msg:
-            collected = msg["collected"]
-        elif "collect_error" in msg:
-            errors.append(f"{msg['collect_error']}: {msg['longrepr'][-600:]}")
-    if collected is None or errors:
-        log = (private / "log.txt").read_text(errors="replace")[-1500:]
-        raise RuntimeError(f"the teacher's tests do not collect: {' '.join(errors)[-1500:]} {log}")
-    return collected
-
-
-def _run(tree, private, files, task_ids, runnable, env, forbidden, per_test_timeout, deadline) -> dict:
-    """{test id: result}: run in a fresh child until every test reported; a test that never did has failed."""
-    results: dict[str, dict] = {}
-    remaining = list(runnable)
-    while remaining:
-        if time.monotonic() > deadline:
-            for nid in remaining:
-                results[nid] = _failure("not run: the grading ran out of its total time")
-            break
-        spec = {"tree": str(tree), "files": files, "tasks": task_ids, "collect": False, "only": remaining}
-        proc, read, nonce = _child(tree, private, dict(spec, timeout=per_test_timeout), env, forbidden)
-        current, killed = None, None
-        grace = min(_KILL_GRACE, max(2.0, per_test_timeout))  # after the child's own alarm has had its chance
-        for msg in _messages(proc, read, nonce, per_test_timeout + grace, deadline):
-            if "start" in msg:
-                current = msg["start"]
-            elif "result" in msg:
-                results[msg.pop("result")] = msg
-                current = None
-            elif "killed" in msg:
-                killed = msg["killed"]
-        if current is not None:
-            why = (
-                f"killed: it ran past {killed}"
-                if killed
-                else f"the test process exited during this test (code {proc.returncode})"
-            )
-            results[current] = _failure(why)
-        left = [nid for nid in remaining if nid not in results]
-        if len(left) == len(remaining):  # no progress: the child cannot even start its tests
-            log = (private / "log.txt").read_text(errors="replace")[-800:]
-            for nid in left:
-                results[nid] = _failure(f"not run: the test process stopped before it ({log.strip()})")
-            break
-        remaining = left
-    return results
-
-
-def _failure(message: str) -> dict:
-    return {"outcome": "failed", "message": message, "longrepr": message, "duration": 0.0, "foreign": []}
-
-
-# -- 4, 5. scores and Gradescope's results -----------------------------------------------------------------
-
-
-def _report(number: int, tasks: dict[str, Task], collected: list[dict], results: dict, notes: list) -> dict:
-    share = {t.id: (t.points / len(t.tests) if t.tests else 0.0) for t in tasks.values()}
-    tests, by_task = [], {t: [0.0, 0.0] for t in tasks}
-    foreign = sorted({m for r in results.values() for m in r.get("foreign", [])})
-    for c in collected:
-        hidden = c["id"].startswith("tests/hidden/")
-        worth = sum(share[t] for t in c["tasks"])
-        r = results.get(c["id"])
-        refused = [t for t in c["tasks"] if tasks[t].status != "accepted"]
-        if r is None or (r["outcome"] == "skipped" and _needs_gpu(r["message"])):
-            status, text = "blocked", "needs a GPU: not run on this machine (its points are left out of the total)"
-        elif foreign or r.get("foreign"):
-            status, text = "failed", f"a pagedlab module was loaded from outside the grading tree: {foreign}"
-        elif r["outcome"] == "passed":
-            status, text = "passed", ""
-        elif r["outcome"] == "skipped":
-            status, text = "failed", f"skipped ({r['message']}): a graded test must run"
-        else:
-            status = "failed"
-            text = f"{r['message']}" if hidden else f"{r['message']}\n\n{r['longrepr'][-1500:]}"
-        if refused:
-            why = "; ".join(f"task {t} {tasks[t].status}: {'; '.join(tasks[t].reasons)[:500]}" for t in refused)
-            text = f"{why}\n(the stub ran in its place)\n{text}"
-        score = worth if status == "passed" else 0.0
-        max_score = 0.0 if status == "blocked" else worth
-        for t in c["tasks"]:
-            by_task[t][0] += share[t] if status == "passed" else 0.0
-            by_task[t][1] += 0.0 if status == "blocked" else share[t]
-        tests.append(
-            {
-                "name": f"{', '.join(c['tasks'])}: {c['id']}",
-                "score": round(score, 4),
-                "max_score": round(max_score, 4),
-                "status": status,
-                "output": text.strip() if not hidden or status != "passed" else "",
-                "visibility": "after_published" if hidden else "visible",
-                "tags": c["tasks"],
-            }
-        )
-    score = round(sum(by_task[t][0] for t in tasks), 2)
-    max_score = round(sum(by_task[t][1] for t in tasks), 2)
-    task_rows = [
-        {"id": t.id, "points": t.points, "file": t.file, "line": t.line, "status": t.status, "reasons": t.reasons,
-         "score": round(by_task[t.id][0], 2), "max_score": round(by_task[t.id][1], 2), "tests": len(t.tests)}
-        for t in tasks.values()
-    ]  # fmt: skip
-    out = {
-        "score": score,
-        "max_score": max_score,
-        "stage": number,
-        "output": _summary(number, task_rows, notes, score, max_score, sum(t["status"] == "blocked" for t in tests)),
-        "visibility": "visible",
-        "stdout_visibility": "hidden",
-        "tests": tests,
-        "tasks": task_rows,
-        "notes": notes,
-    }
-    return out
-
-
-def _needs_gpu(message: str) -> bool:
-    return any(word in message for word in ("CUDA", "GPU", "cuda"))
-
-
-def _summary(number, task_rows, notes, score, max_score, blocked: int) -> str:
-    lines = [f"Stage {number} ({STAGE_NAMES[number]}): {score:g} / {max_score:g}", ""]
-    lines.append(f"{'task':24} {'points':>6} {'score':>14}  status")
-    for t in task_rows:
-        lines.append(f"{t['id']:24} {t['points']:>6} {t['score']:>6g} / {t['max_score']:<6g} {t['status']}")
-        lines += [f"    refused: {why}" for why in t["reasons"][:8]] if t["status"] != "accepted" else []
-    if blocked:
-        lines.append(f"{blocked} tests need a GPU: blocked on this machine, neither passed nor counted.")
-    lines += ["", *[f"note: {n}" for n in notes]] if notes else []
-    return "\n".join(lines)
-
-
-def print_grades(result: dict, out=sys.stderr) -> None:
-    """The task table, then the first failures with their messages."""
-    print(result["output"], file=out)
-    failed = [t for t in result["tests"] if t["status"] == "failed"]
-    for t in failed[:8]:
-        print(f"\nFAILED {t['name']}\n{textwrap.indent(t['output'][:700], '    ')}", file=out)
-    if len(failed) > 8:
-        print(f"\n... and {len(failed) - 8} more failed tests", file=out)
+def print_grades(result: dict, out=None) -> None:
+    print(result["output"], file=out or sys.stderr)

@@ -9,7 +9,7 @@ between them:
 
     admit     a request got a seat: its first step of running (a resumed one too)
     refill    ... into the seat a request left one step before, while the others ran on
-    fork      a child of an n > 1 request (or a beam) took its sibling's blocks, shared (stage 3+)
+    fork      a child of an n > 1 request (or a beam) took its parent's table, every block shared (stage 3+)
     hit       its first prompt blocks came from the prefix cache (stage 4+)
     swap_in   its blocks came back from the CPU pool (stage 5, preemption_mode="swap")
     allocate  blocks added to a table this step (on demand from stage 2; the whole region at stage 1)
@@ -70,11 +70,11 @@ class StepEvent:
             "swap_out": f"{who}swapped out{blocks} to the CPU pool",
             "admit": f"{who}admitted",
             "refill": f"{who}took a seat freed last step",
-            "fork": f"{who}forked, sharing{blocks}",
+            "fork": f"{who}forked: shares {'block' if len(self.blocks) == 1 else 'blocks'}{blocks} with its parent",
             "hit": f"{who}prefix-cache hit:{blocks}",
             "swap_in": f"{who}swapped back in:{blocks}",
             "allocate": f"{who}+{'block' if len(self.blocks) == 1 else 'blocks'}{blocks}",
-            "copy": f"{who}copy-on-write{blocks}",
+            "copy": f"{who}copy-on-write: block {' -> block '.join(map(str, self.blocks))}",
             "free": f"{who}freed{blocks}",
             "mixed": "prefill chunks and decodes in one batch",
         }[self.kind]
@@ -146,10 +146,11 @@ def _admissions(before: StepTrace, now: StepTrace, config) -> list[StepEvent]:
         if i < num_refills:  # the first admissions take the seats just left; others were free before
             events.append(StepEvent("refill", rid, detail=f"{seats_freed[i]} finished in step {before.step}"))
         back = tuple(b for b in table if b in swapped_in)
-        shared = _sibling_blocks(rid, before, now) & set(table)
+        as_forked = _as_forked(rid, table, now)
+        shared = _sibling_blocks(rid, before, now) & set(as_forked)
         num_hit = 0 if back or shared else computed // config.block_size
         if shared:
-            events.append(StepEvent("fork", rid, tuple(b for b in table if b in shared), detail="no copy yet"))
+            events.append(StepEvent("fork", rid, tuple(b for b in as_forked if b in shared), detail=FORKED))
         if num_hit:
             events.append(StepEvent("hit", rid, tuple(table[:num_hit]), detail=f"{computed} tokens not recomputed"))
         if back:
@@ -185,14 +186,17 @@ def _growth(before: StepTrace, now: StepTrace) -> list[StepEvent]:
         if rid not in before.running:
             continue  # an admission: _admissions told it
         old = set(before.block_tables.get(rid, ()))
-        gained = [b for b in table if b not in old and (rid, b) not in copied]
+        as_forked = _as_forked(rid, table, now)  # a copied entry as the fork made it: the shared source
+        gained = [b for b in as_forked if b not in old]
         shared = _sibling_blocks(rid, before, now) if gained and not old else set()
         if forked := tuple(b for b in gained if b in shared):
-            events.append(StepEvent("fork", rid, forked, detail="no copy yet"))
-        if new := tuple(b for b in gained if b not in shared):
+            events.append(StepEvent("fork", rid, forked, detail=FORKED))
+        if new := tuple(b for b in gained if b not in shared and (rid, b) not in copied):
             events.append(StepEvent("allocate", rid, new))
     for (rid, dst), src in copied.items():
-        events.append(StepEvent("copy", rid, (src, dst), detail=f"block {src} is shared; {rid} writes into {dst}"))
+        events.append(
+            StepEvent("copy", rid, (src, dst), detail=f"{src} is shared, so {rid} writes into its copy {dst}")
+        )
     return events
 
 
@@ -206,6 +210,15 @@ def _finishes(now: StepTrace, config) -> list[StepEvent]:
         if freed:
             events.append(StepEvent("free", rid, freed, detail=f"after this step{kept}"))
     return events
+
+
+FORKED = "no copy yet: a shared block is copied only when written"
+
+
+def _as_forked(rid: str, table: list[int], now: StepTrace) -> list[int]:
+    """rid's table with this step's copies undone: what the fork gave it, before copy-on-write replaced an entry."""
+    source = {dst: src for who, src, dst in now.copies if who == rid}
+    return [source.get(b, b) for b in table]
 
 
 def _held(trace: StepTrace, without: set[str] = frozenset()) -> set[int]:

@@ -44,6 +44,26 @@ class KVCacheBlock:
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt})"
 
+    def __deepcopy__(self, memo: dict) -> KVCacheBlock:
+        """A copy of a queued block is a copy of its whole queue, made in a loop: copying link by link would
+        recurse once per block and overflow Python's stack on a pool of a few hundred blocks (the notebooks'
+        lookahead copies the scheduler with its pool)."""
+        first = self
+        while first.prev_free_block is not None:
+            first = first.prev_free_block
+        chain, block = [], first
+        while block is not None:
+            chain.append(block)
+            block = block.next_free_block
+        for b in chain:
+            if id(b) not in memo:
+                memo[id(b)] = KVCacheBlock(b.block_id, b.ref_cnt, b.block_hash)  # a hash is immutable: shared
+        for b in chain:
+            c = memo[id(b)]
+            c.prev_free_block = memo[id(b.prev_free_block)] if b.prev_free_block is not None else None
+            c.next_free_block = memo[id(b.next_free_block)] if b.next_free_block is not None else None
+        return memo[id(self)]
+
 
 class FreeKVCacheBlockQueue:
     """Doubly linked list of free blocks with sentinel head and tail; the head is allocated first."""
@@ -59,6 +79,9 @@ class FreeKVCacheBlockQueue:
     # BEGIN SOLUTION
     # TASK free-queue (20 pts): the free-block queue: O(1) popleft, append and remove through the blocks' own links.
     def popleft(self) -> KVCacheBlock:
+        """Unlink and return the block at the head (the next to allocate), its links left None.
+
+        Raises ValueError("No free blocks available") (exactly vLLM's message) when the queue is empty."""
         block = self.head.next_free_block
         if block is self.tail:
             raise ValueError("No free blocks available")  # vLLM's message
@@ -66,7 +89,8 @@ class FreeKVCacheBlockQueue:
         return block
 
     def remove(self, block: KVCacheBlock) -> None:
-        """Unlink `block` from wherever it is in the queue."""
+        """Unlink `block` from wherever it is in the queue, in O(1); its prev and next links become None and
+        num_free_blocks drops by one. Raises InvariantError if the block is not in the queue (a link is None)."""
         if block.prev_free_block is None or block.next_free_block is None:
             raise InvariantError(f"{block} is not in the free queue")
         block.prev_free_block.next_free_block = block.next_free_block
@@ -75,7 +99,8 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
-        """Put `block` at the tail (it will be allocated last)."""
+        """Put `block` at the tail (it will be allocated last); num_free_blocks grows by one. Raises InvariantError
+        if the block is already in a queue (a link is set)."""
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise InvariantError(f"{block} is already in the free queue")
         last = self.tail.prev_free_block
@@ -154,7 +179,10 @@ class BlockPool:
     # TASK pool-allocate-free (20 pts): allocate blocks from the free queue's head and free them back at ref_cnt 0:
     # a block without a cached hash to the head (reused first), one with a hash to the tail (kept longest).
     def allocate(self, n: int) -> list[KVCacheBlock]:
-        """Take n blocks from the head of the free queue, each with ref_cnt 1."""
+        """Take n blocks from the head of the free queue, in queue order, each with ref_cnt 1 (n = 0: []).
+
+        Raises ValueError(f"Cannot get {n} free blocks from the pool") (vLLM's message, as popleft_n raises it)
+        when fewer than n are free, taking none; InvariantError if a queued block's ref_cnt was not 0."""
         blocks = self.free_block_queue.popleft_n(n)
         for block in blocks:
             if block.ref_cnt != 0:
@@ -163,19 +191,23 @@ class BlockPool:
         return blocks
 
     def free(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop one reference from each block (`blocks` in the order they should be reused). A block that reaches
-        0 and holds no cached prefix goes to the head, in that order: nothing is lost by reusing it at once, and
-        it is the block most recently written (vLLM reuses such blocks first). One that holds a cached prefix
-        goes to the tail, so that the cache keeps it as long as it can (least recently used evicted first)."""
+        """Drop one reference from each block, in the order given (`blocks` in the order they should be reused). A
+        block that reaches ref_cnt 0 and holds no cached prefix goes to the queue's head, in that order: nothing is
+        lost by reusing it at once, and it is the block most recently written (vLLM reuses such blocks first). One
+        that holds a cached prefix goes to the tail, so that the cache keeps it as long as it can (least recently
+        used evicted first). A block whose ref_cnt is already 0 raises InvariantError with "freed twice" in its
+        message (the blocks before it stay freed)."""
         reuse_first, reuse_last = [], []
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                raise InvariantError(f"{block} freed twice")
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                (reuse_first if block.block_hash is None else reuse_last).append(block)
-        self.free_block_queue.prepend_n(reuse_first)
-        self.free_block_queue.append_n(reuse_last)
+        try:
+            for block in blocks:
+                if block.ref_cnt <= 0:
+                    raise InvariantError(f"{block} freed twice")
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    (reuse_first if block.block_hash is None else reuse_last).append(block)
+        finally:  # even when one raised: a block already at ref_cnt 0 must be in the queue, or it leaks
+            self.free_block_queue.prepend_n(reuse_first)
+            self.free_block_queue.append_n(reuse_last)
 
     # END SOLUTION
 

@@ -51,19 +51,20 @@ class ContiguousKVCacheManager:
     # TASK contiguous-reservation (50 pts): static admission (can_admit) and the contiguous reservation (allocate_slots,
     # free).
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
-        """Worst case: each request of the group needs a whole region, after the admitted `running`
-        requests that have not taken theirs yet."""
+        """Static admission: True if every request of `group` can get a whole free region after the requests of
+        `running` that have no region yet (admitted, not yet allocated) take theirs."""
         pending = sum(1 for r in running if r.request_id not in self.region_of)
         return pending + len(group) <= len(self.free_regions)
 
     def can_ever_admit(self, group: list[Request]) -> bool:
+        """True if an empty pool has a region for every request of `group`."""
         return len(group) <= self.num_regions
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Blocks newly given to `request` for its next tokens; None if the pool is short.
-
-        The first call reserves the whole region; later calls find room already there.
-        """
+        """The first call for a request reserves the lowest free region whole and returns its block ids
+        (region * region_size up to (region + 1) * region_size - 1); later calls return [] (the room is there).
+        None when no region is free. Raises InvariantError with "outgrew" in its message when
+        num_computed_tokens + num_new_tokens exceeds the region's region_size * block_size slots."""
         region = self.region_of.get(request.request_id)
         if region is not None:
             if request.num_computed_tokens + num_new_tokens > self.region_size * self.block_size:
@@ -76,6 +77,8 @@ class ContiguousKVCacheManager:
         return list(range(region * self.region_size, (region + 1) * self.region_size))
 
     def free(self, request: Request) -> None:
+        """Give the request's region back (the lowest free region is the next reserved); a request without one
+        (never admitted, or freed already) is a no-op."""
         region = self.region_of.pop(request.request_id, None)
         if region is not None:
             heapq.heappush(self.free_regions, region)

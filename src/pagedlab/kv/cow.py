@@ -56,14 +56,18 @@ class CowKVCacheManager(PagedKVCacheManager):
     # TASK fork-cow (35 pts): fork (share every block, ref_cnt + 1) and copy-on-write before writing into a shared
     # block.
     def fork(self, parent: Request, child: Request) -> None:
-        """The child starts with the parent's block table; every block gains one reference."""
+        """Give `child` a table equal to `parent`'s (its own list), every block's ref_cnt + 1; nothing is copied.
+        (A sliding window's null block is nobody's: self.window.held(blocks) are the ones to count.)"""
         blocks = self.req_to_blocks.get(parent.request_id, [])
         for block in self.window.held(blocks):  # (a sliding window's null block is nobody's)
             block.ref_cnt += 1
         self.req_to_blocks[child.request_id] = list(blocks)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """As stage 2, but a shared block about to be written is first replaced by a private copy."""
+        """As stage 2's, but when the block receiving the request's first new token is shared (ref_cnt > 1), it
+        is first replaced by a private copy (_copy_on_write), which needs one more free block: None, with nothing
+        changed, if the pool cannot give that block and the new ones. Returns the ids appended to the table (the
+        copy replaces an entry: it is not among them). InvariantError if the shared block is not the table's last."""
         blocks = self.req_to_blocks.get(request.request_id)
         first = request.num_computed_tokens // self.block_size  # the block receiving the first new token
         if blocks and first < len(blocks) and blocks[first].ref_cnt > 1:
@@ -76,6 +80,8 @@ class CowKVCacheManager(PagedKVCacheManager):
         return self.__next_allocate_slots(request, num_new_tokens)  # super().allocate_slots (see __init__)
 
     def _copy_on_write(self, request: Request, index: int) -> None:
+        """Entry `index` of the request's table becomes a newly allocated block, this table's reference to the old
+        one is dropped, and BlockCopy(request_id, index, old id, new id) joins pending_copies."""
         blocks = self.req_to_blocks[request.request_id]
         old = blocks[index]
         (new,) = self.pool.allocate(1)

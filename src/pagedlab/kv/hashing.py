@@ -23,10 +23,11 @@ prefix of a prompt: look its block hashes up in order until one misses.
     hits:    block 4, block 9            (h2 misses: h3's block is never reached through this prompt)
 
 The caching pool (kv/prefix.py) holds one index and asks it three things:
-`get` a hash, `insert` a block that has just filled, `evict` a block that is
-reused for other tokens. Which free block is reused first is the eviction
-policy, the free queue's order (kv/block_pool.py: least recently used first,
-as vLLM's). Another index (a radix tree over the tokens themselves) is a
+`get` a hash, `insert` a block that has just filled (with its parent's hash),
+`evict` a block that is reused for other tokens. Which free block is reused
+first is the eviction policy, the free queue's order (kv/block_pool.py: least
+recently used first, as vLLM's; its siblings in kv/eviction.py). Another index,
+a tree of blocks that evicts leaves first (kv/radix.py, SGLang's idea), is a
 sibling class with these methods in its own file, named by a stage preset's
 `kv_parts` (stages.py).
 vLLM: vllm/v1/core/kv_cache_utils.py (hash_block_tokens, NONE_HASH, generate_block_hash_extra_keys),
@@ -73,7 +74,9 @@ def block_extra_keys(request: Request, block_index: int) -> tuple:
 # TASK block-hashing (25 pts): chained block hashing: hash each newly full block with its parent's hash, once, as tokens
 # arrive.
 def update_block_hashes(request: Request, block_size: int, none_hash: bytes, algo: str = "sha256") -> None:
-    """Hash the request's newly full blocks; earlier ones are never hashed again."""
+    """Append to request.block_hashes the hash of each block of request.all_token_ids that is full and not hashed
+    yet: hash_block_tokens(parent, its block_size tokens, block_extra_keys(request, i), algo), where parent is the
+    previous block's hash (none_hash for block 0). A partly filled block is not hashed; earlier hashes never change."""
     hashes = request.block_hashes
     tokens = request.all_token_ids
     for i in range(len(hashes), len(tokens) // block_size):
@@ -96,10 +99,14 @@ class HashChainIndex:
     # TASK prefix-index (20 pts): the prefix index: find a cached block by its hash, register a block that
     # has just filled (once per hash), forget a block's hash when the block is reused.
     def get(self, block_hash) -> KVCacheBlock | None:
+        """The block registered under `block_hash`, or None."""
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def insert(self, block: KVCacheBlock, block_hash) -> bool:
-        """Register a just-filled block under its hash; False if another block already holds this prefix."""
+    def insert(self, block: KVCacheBlock, block_hash, parent=None) -> bool:
+        """Register a just-filled block: set block.block_hash, map the hash to the block, return True. If the hash
+        is already mapped (another block holds this prefix), change nothing and return False. `parent`: the hash
+        of the block before it (None for a first block); a chained hash already names the whole prefix, so this
+        index ignores it (a tree of blocks, kv/radix.py, hangs the block under it)."""
         if block_hash in self.cached_block_hash_to_block:
             return False  # computed twice in one step: keep the first, this one stays uncached
         block.block_hash = block_hash
@@ -107,12 +114,17 @@ class HashChainIndex:
         return True
 
     def evict(self, block: KVCacheBlock) -> None:
-        """The block is being reused for other tokens: it no longer holds its cached prefix."""
+        """The block is being reused for other tokens: unmap its hash and set block.block_hash to None (a block
+        without a hash: nothing to do)."""
         if block.block_hash is not None:
             del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash = None
 
     # END SOLUTION
+
+    def attach(self, free_queue) -> None:
+        """The pool's free queue, given as the pool is built: a flat map lets the eviction policy take any free
+        block (a tree of blocks, kv/radix.py, asks it to keep a block whose children are cached)."""
 
     def reset(self) -> None:
         """Forget every hash (vLLM's reset_prefix_cache)."""

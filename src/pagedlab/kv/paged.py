@@ -52,7 +52,12 @@ class PagedKVCacheManager:
     # TASK allocate-slots (20 pts): on-demand allocation: give a request just enough blocks for its next tokens, or
     # None.
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
-        """Blocks newly appended to the request's table for `num_new_tokens` more tokens; None if short."""
+        """Grow the request's table (a new request starts an empty one) to ceil((num_computed_tokens +
+        num_new_tokens) / block_size) blocks, taking the missing ones from the pool's head.
+
+        Returns the ids of the blocks appended, in table order ([] when the last block still has room); None, with
+        nothing changed, when the pool has fewer free blocks than that. (With a sliding window, first
+        self.window.free_skipped(table, num_computed_tokens): no window in this stage's graded cases.)"""
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None:
             blocks = self.req_to_blocks[request.request_id] = []
@@ -69,7 +74,8 @@ class PagedKVCacheManager:
         return [b.block_id for b in new_blocks]
 
     def free(self, request: Request) -> None:
-        """Return the request's blocks, tail first (stage 4 relies on that order for eviction)."""
+        """Return the request's blocks to the pool tail first (its last block first: stage 4's eviction relies on
+        that order) and forget its table; a request without a table is a no-op."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.pool.free(self.window.held(reversed(blocks)))
 

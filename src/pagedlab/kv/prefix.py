@@ -36,6 +36,7 @@ class CachingBlockPool(BlockPool):
     def __init__(self, num_blocks: int, index=None, free_queue: type | None = None):
         super().__init__(num_blocks, free_queue)  # the free queue's order is the eviction policy
         self.index = HashChainIndex() if index is None else index  # block hash -> the block holding that prefix
+        self.index.attach(self.free_block_queue)  # an index may constrain the order (kv/radix.py: leaves first)
 
     @property
     def cached_block_hash_to_block(self) -> dict:
@@ -46,13 +47,16 @@ class CachingBlockPool(BlockPool):
     # TASK caching-pool (15 pts): the cache's block pool: a hit takes its block back from the free queue, and a block
     # reused for other tokens loses its cached prefix.
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """A cache hit: one more holder; a free cached block leaves the free queue."""
+        """A cache hit on each block: ref_cnt + 1; a block that was free (ref_cnt 0) first leaves the free queue
+        from wherever it is."""
         for block in blocks:
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
             block.ref_cnt += 1
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
+        """As BlockPool.allocate (the free queue's head, ref_cnt 1, the same errors); each block taken also loses
+        its cached prefix (the index evicts it)."""
         blocks = super().allocate(n)
         for block in blocks:
             self.index.evict(block)  # reused for other tokens: its prefix is gone
@@ -121,6 +125,10 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
     # BEGIN SOLUTION
     # TASK lookup (40 pts): lookup: the longest run of cached full blocks, leaving at least the last token to compute.
     def get_computed_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """The blocks of the request's longest cached prefix, in order: its block hashes brought up to date
+        (update_block_hashes), then looked up in the index one by one up to the first miss, at most
+        (num_tokens - 1) // block_size of them (the last token is always computed: its logits are needed).
+        [] when caching is off. (A sliding window's: self.window.skip_hits(hits).)"""
         if not self.enable_caching:
             return []
         update_block_hashes(request, self.block_size, self.none_hash, self.hash_algo)
@@ -134,6 +142,8 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         return self.window.skip_hits(hits)
 
     def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash (the pool's reset_prefix_cache): False, with nothing forgotten, while any block
+        is held."""
         return self.pool.reset_prefix_cache()
 
     def lookup_prefix(self, request: Request) -> int:
@@ -141,7 +151,9 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         return self.take_hits(request, self.get_computed_blocks(request))
 
     def take_hits(self, request: Request, hits: list[KVCacheBlock]) -> int:
-        """Start the table with `hits` (from get_computed_blocks); count the query; return hit tokens."""
+        """Start the request's table with `hits` (touching them) and note them as already cached; when caching is on,
+        count the query (prefix_cache_queries += num_tokens, prefix_cache_hits += hit tokens). Returns the hit
+        tokens, len(hits) * block_size."""
         self.pool.touch(self.window.held(hits))
         self.req_to_blocks[request.request_id] = list(hits)
         self.num_cached_blocks[request.request_id] = len(hits)
@@ -151,6 +163,8 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         return len(hits) * self.block_size
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """As stage 3's (the same return); then, when caching is on and the step fills blocks, each newly full
+        block of the table is registered under its hash (_cache_full_blocks)."""
         new_blocks = self.__next_allocate_slots(request, num_new_tokens)  # super().allocate_slots
         if new_blocks is not None and self.enable_caching:
             num_full = (request.num_computed_tokens + num_new_tokens) // self.block_size
@@ -164,7 +178,8 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         blocks = self.req_to_blocks[request.request_id]
         for i in range(self.num_cached_blocks.get(request.request_id, 0), num_full):
             if blocks[i] is not self.window.null_block:  # a block a window dropped was cached when it filled
-                self.pool.index.insert(blocks[i], request.block_hashes[i])
+                parent = request.block_hashes[i - 1] if i else None  # a tree of blocks hangs it there
+                self.pool.index.insert(blocks[i], request.block_hashes[i], parent)
         self.num_cached_blocks[request.request_id] = num_full
 
     # END SOLUTION

@@ -78,11 +78,14 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
     # BEGIN SOLUTION
     # TASK swap (25 pts): swap a preempted request's blocks out to the CPU pool and back into new GPU blocks.
     def can_swap_out(self, group: list[Request]) -> bool:
+        """True if the CPU pool has a free block for every GPU block the group's tables hold (each table counted)."""
         held = sum(len(list(self.window.held(self.req_to_blocks.get(r.request_id, ())))) for r in group)
         return held <= self.swap_pool.num_free
 
     def swap_out(self, request: Request) -> list[tuple[int, int]]:
-        """Copy the request's blocks to CPU blocks and let go of the GPU ones: [(gpu, cpu)]."""
+        """Copy the request's blocks to newly allocated CPU blocks (swap_pool.allocate) and free its GPU blocks as
+        free() does, keeping num_computed_tokens. Returns [(gpu block, cpu block)] in table order; a block
+        copied-on-write this step (still empty) is copied out from its source."""
         # A block copied-on-write this very step is still empty: copy out its source instead.
         uncopied = {c.dst: c.src for c in self.pending_copies if c.request_id == request.request_id}
         table = self.req_to_blocks.get(request.request_id, [])
@@ -98,11 +101,13 @@ class SwappingKVCacheManager(PrefixCachingKVCacheManager):
         return list(zip(gpu, cpu))
 
     def blocks_to_swap_in(self, request: Request, num_new_tokens: int) -> int:
+        """The free GPU blocks that swapping the request back in and feeding num_new_tokens more will take."""
         nulls = self.swapped_nulls.get(request.request_id, 0)
         return cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - nulls
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
-        """Copy the request's CPU blocks into new GPU blocks; its table becomes those: [(cpu, gpu)]."""
+        """Free the request's CPU blocks and copy them into newly allocated GPU blocks, which become its table (its
+        full blocks are offered to the cache again at its next allocation). Returns [(cpu block, gpu block)]."""
         cpu = self.swap_pool.free(request.request_id)
         blocks = self.pool.allocate(len(cpu))
         nulls = self.swapped_nulls.pop(request.request_id, 0)

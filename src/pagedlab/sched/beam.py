@@ -84,7 +84,13 @@ class BeamGroup:
     # TASK beam-step (35 pts): one beam-search step: expand, set EOS candidates aside, keep the best, fork or drop the
     # beams.
     def step(self, top: dict[str, dict[int, float]], max_model_len: int) -> tuple[list, list[Request]]:
-        """Expand every live beam; return (forks as (parent, child), beams to free)."""
+        """One step. top[beam id] = {token: logprob} for each live beam, best first. Of each beam's first
+        2 * width candidates, one ending in EOS (unless ignore_eos) is set aside in `finished` as
+        BeamSearchSequence(tokens + [eos], cum logprob, None, "stop"); of the rest, the best `width` by cumulative
+        logprob stay (ties: in candidate order). A beam kept once grows in place; kept again, it is forked first
+        (_clone, before any beam grows); never kept, it is dropped (status FINISHED_STOPPED). After max_steps
+        steps every live beam is finished ("length") and dropped. `live` becomes the kept beams, best first.
+        Returns (forks as (parent, new beam), beams to free)."""
         candidates = []
         for beam in self.live:
             cum = sum(beam.output_logprobs)

@@ -44,6 +44,8 @@ class ContinuousScheduler(Scheduler):
     # out,
     # then waiting groups, never in a step that preempted.
     def schedule(self) -> SchedulerOutput:
+        """One step: _begin_step; a budget of max_num_batched_tokens; the running requests (_schedule_running);
+        then, unless this step preempted, the waiting groups (_schedule_waiting); _end_step's output."""
         out = self._begin_step()
         self._budget, self._preempted_now = self.config.max_num_batched_tokens, False
         self._threshold = self._prefill_threshold()
@@ -53,6 +55,10 @@ class ContinuousScheduler(Scheduler):
         return self._end_step(out)
 
     def _schedule_running(self, out: SchedulerOutput) -> None:
+        """Each running request in order, while budget is left: its new tokens (within its prompt up to the
+        sharing's target, after it every token it lacks; more than one is a chunk, capped by _chunk), its blocks
+        from allocate_slots, preempting when the pool is short (_preempt_until_it_fits); stop once the request
+        itself was preempted. Each scheduled request joins out.scheduled, num_scheduled_tokens, new_block_ids."""
         running, target, allocate = RequestStatus.RUNNING, self.sharing.target_tokens, self.kv.allocate_slots
         scheduled, num_scheduled, new_block_ids = out.scheduled, out.num_scheduled_tokens, out.new_block_ids
         for request in list(self.running):  # (local names, _record inlined: this runs for every request every step)
@@ -89,6 +95,9 @@ class ContinuousScheduler(Scheduler):
         return new_blocks
 
     def _schedule_waiting(self, out: SchedulerOutput) -> None:
+        """Admit waiting groups in queue order while budget is left and the seats allow (running + seats promised
+        to beams + the group's seats <= max_num_seqs); stop at the first group that does not fit (_admit_group:
+        head-of-line, the queue's order is the policy)."""
         while self.waiting and self._budget > 0:
             group = self.waiting.peek()
             if len(self.running) + self.sharing.reserved_seats() + self.sharing.seats(group) > self.config.max_num_seqs:
@@ -168,13 +177,16 @@ class ContinuousScheduler(Scheduler):
     # recompute), refund tokens it was given this step, withdraw any table sent for it this step (a fork's), admit
     # nobody after.
     def _victim_group(self) -> list[Request]:
-        """Every running member of the group of the policy's victim (sched/policies.py)."""
+        """The running members, in running order, of the group of self.policy.victim(self.running)."""
         victim = self.policy.victim(self.running)
         return [r for r in self.running if r.group_id == victim.group_id]
 
     def _preempt(self, group: list[Request], out: SchedulerOutput) -> None:
-        """Swap the group's blocks out to the CPU pool if asked and they fit; else recompute:
-        free them and forget the progress. Either way the group waits again."""
+        """Preempt every request of `group`: tokens it was given this step are refunded to the budget and it leaves
+        out.scheduled, num_scheduled_tokens, new_block_ids and new_block_tables; it leaves `running`; its blocks
+        are swapped out (preemption_mode "swap" and kv.can_swap_out(group): out.swap_out gets the pairs) or freed
+        with num_computed_tokens reset to 0 (recompute); status PREEMPTED, in out.preempted_req_ids,
+        num_preemptions + 1. Then the group waits again (waiting.add_preempted) and nobody is admitted this step."""
         swap = self.config.preemption_mode == "swap" and self.kv.can_swap_out(group)
         for request in group:
             if request.request_id in out.num_scheduled_tokens:  # already given tokens this step: refund them

@@ -99,14 +99,15 @@ class PriorityQueue(FCFSQueue):
 # BEGIN SOLUTION
 # TASK victim (10 pts): each policy's victim rule: which running request to preempt when one cannot get blocks.
 def newest(running: list[Request]) -> Request:
-    """FCFS: the request admitted last (vLLM: `self.running[-1]`); the oldest is never the victim while another
-    runs, so it always makes progress."""
+    """FCFS: the request admitted last, `running[-1]` (vLLM's); the oldest is never the victim while another
+    runs, so it always makes progress. Returns that Request."""
     return running[-1]
 
 
 def least_urgent(running: list[Request]) -> Request:
-    """Priority: the largest (priority, arrival_time, group id), the waiting queue's own order, so the most urgent
-    group always makes progress (vLLM's key stops at arrival_time: chapter 5's ledger says why not here)."""
+    """Priority: the Request with the largest (priority, arrival_time, group_id), the waiting queue's own order, so
+    the most urgent group always makes progress (vLLM's key stops at arrival_time: chapter 5's ledger says why
+    not here)."""
     return max(running, key=lambda r: (r.priority, r.arrival_time, r.group_id))
 
 

@@ -50,7 +50,9 @@ class PromptSharing:
     # TASK n-sharing (30 pts): the sharing protocol: followers wait, the leader stops one token short, then they fork
     # from it.
     def target_tokens(self, request: Request) -> int:
-        """Followers wait for the fork; the leader computes its prompt but the last token, the part they share."""
+        """The tokens `request` should have computed after this step: all its tokens, except in a family still
+        waiting for its fork (waiting_for_fork), where the leader (family[0]) stops at its prompt but the last
+        token (the part the family shares) and a follower stays where it is."""
         family = self.waiting_for_fork.get(request.group_id) if self.waiting_for_fork else None
         if family is None:
             return len(request.all_token_ids)
@@ -59,12 +61,14 @@ class PromptSharing:
         return request.num_prompt_tokens - 1
 
     def waits_for_fork(self, request: Request) -> bool:
+        """True for a follower (not the leader) of a family in waiting_for_fork: it takes no tokens, no blocks."""
         family = self.waiting_for_fork.get(request.group_id)
         return family is not None and request is not family[0]
 
     def fork_ready(self, kv) -> list[Request]:
-        """Fork the followers of every leader whose shared prefill is done, before anyone writes: the blocks
-        are shared, not copied. Returns the requests given a table."""
+        """For every family whose leader is RUNNING with its shared prefill done (num_prompt_tokens - 1 computed),
+        fork each follower from it (kv.fork; num_computed_tokens copied) and forget the family; a family whose group
+        ended (no longer in table.live) is forgotten unforked. Returns the followers given a table, in order."""
         forked = []
         for group_id, family in list(self.waiting_for_fork.items()):
             leader = family[0]

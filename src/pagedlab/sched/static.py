@@ -41,6 +41,9 @@ class StaticScheduler(Scheduler):
     # TASK static-schedule (50 pts): static scheduling: admit a whole batch by worst case when none is running, then
     # feed every request.
     def schedule(self) -> SchedulerOutput:
+        """One step: _begin_step; when nothing runs, admit a batch (_admit_batch); feed every running request up to
+        the sharing's target (allocate_slots, whose None is an InvariantError: worst-case admission guaranteed the
+        room), each through _record; _end_step's output."""
         out = self._begin_step()
         if not self.running:
             self._admit_batch(out)
@@ -54,7 +57,9 @@ class StaticScheduler(Scheduler):
         return self._end_step(out)
 
     def _admit_batch(self, out: SchedulerOutput) -> None:
-        """Admit groups FCFS while the batch's worst case (every seat, every block) still fits."""
+        """Admit groups in queue order (each through _admit) while the batch still fits: its worst case's seats
+        (<= max_num_seqs), its prefill tokens (<= max_num_batched_tokens, summed over the batch) and
+        kv.can_admit(worst case, admitted so far); stop at the first group that does not."""
         budget = self.config.max_num_batched_tokens
         admitted: list[Request] = []  # worst case of the batch so far (a beam search counts beam_width times)
         while self.waiting:

@@ -128,6 +128,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         options["device"] = args.device
     if args.peer is not None:
         options["peer"] = args.peer
+    options.update(_trace_options(args))
     if args.url is not None or args.model is not None:
         if args.name != "serve":
             raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
@@ -135,6 +136,33 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
     run_bench(args.name, as_json=args.json, figure=figure, threads=args.threads, **options)
     return 0
+
+
+def _trace_options(args: argparse.Namespace) -> dict:
+    """`bench traces`'s own options (a comma list each), refused for any other bench."""
+    given = {
+        "traces": args.trace and [args.trace],
+        "policies": args.policies and args.policies.split(","),
+        "pool_sizes": args.pool_sizes and [_count(s, "--pool-sizes") for s in args.pool_sizes.split(",")],
+        "concurrency": args.concurrency,
+        "jobs": args.jobs,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and args.name != "traces":
+        flags = ", ".join(TRACE_FLAGS[k] for k in given)
+        raise ValueError(f"{flags}: only `pagedlab bench traces` takes it, not {args.name}")
+    return given
+
+
+TRACE_FLAGS = {"traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
+               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
+
+
+def _count(text: str, flag: str) -> int:
+    try:
+        return int(text.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is not a whole number (a comma list, e.g. 1024,4096)") from None
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
@@ -332,7 +360,7 @@ def _add_generate(sub) -> None:
 def _cmd_assignment(args: argparse.Namespace) -> int:
     import json
 
-    from pagedlab.course import assignment, gradescope, grading
+    from pagedlab.course import assignment, batch, gradescope, grading
     from pagedlab.stages import STAGES
 
     if args.action == "make":
@@ -341,21 +369,20 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
         print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
         return 0
     if args.action == "check":
-        rows = assignment.check_stages([int(n) for n in args.stages] or list(STAGES))
+        rows = assignment.check_stages([int(n) for n in args.stages] or list(STAGES), extra_tests=args.extra_tests)
         print(assignment.check_table(rows))
         return 0 if all(r["reference"] == r["max_score"] and r["untouched"] <= r["max_score"] / 10 for r in rows) else 1
     if args.action == "gradescope":
         for path in gradescope.write_gradescope(args.stage, args.out):
             print(f"wrote {path}")
         return 0
+    limits = {"per_test_timeout": args.timeout, "total_timeout": args.total_timeout, "extra_tests": args.extra_tests,
+              "run_feedback": not args.no_feedback}  # fmt: skip
+    if args.action == "grade-all":
+        found = batch.grade_all(args.dir, args.stage, args.csv, args.threshold, seed=args.seed, **limits)
+        return 0 if all("error" not in r for r in found["rows"]) else 1
     try:
-        result = grading.grade(
-            args.dir,
-            args.stage,
-            extra_tests=args.extra_tests,
-            per_test_timeout=args.timeout,
-            total_timeout=args.total_timeout,
-        )
+        result = grading.grade(args.dir, args.stage, seed=args.seed, **limits)
     except Exception as e:  # Gradescope needs its JSON even when grading itself fails
         if args.json is None:
             raise
@@ -446,8 +473,9 @@ def _add_serve(sub) -> None:
 
 def _add_assignment(sub) -> None:
     from pagedlab.course.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
+    from pagedlab.course.similarity import THRESHOLD
 
-    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one")
+    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one or a batch")
     actions = a.add_subparsers(dest="action", required=True)
     make = actions.add_parser("make", help="write a student workspace with stage N's tasks stubbed")
     make.add_argument("stage", help="stage number or name")
@@ -455,10 +483,9 @@ def _add_assignment(sub) -> None:
     make.add_argument("--with-solutions", action="store_true", help="a teacher's copy: nothing removed")
     grade = actions.add_parser(
         "grade",
-        help="grade a workspace: its task regions spliced into the reference, the teacher's tests, isolated",
+        help="grade a workspace: each task's scenarios, run on its body in a sandbox, compared with the reference's",
     )
     grade.add_argument("dir", help="a folder written by `assignment make` (nothing in it is trusted)")
-    grade.add_argument("--stage", required=True, help="the stage to grade it as (the teacher's word, not the folder's)")
     grade.add_argument(
         "--json",
         nargs="?",
@@ -467,17 +494,42 @@ def _add_assignment(sub) -> None:
         metavar="FILE",
         help="write Gradescope's results.json to FILE (stdout without one), even if grading fails",
     )
-    grade.add_argument("--extra-tests", default=None, help="a folder of hidden tests (tagged with tasks) to run too")
-    grade.add_argument("--timeout", type=float, default=PER_TEST_TIMEOUT, help="seconds per test")
-    grade.add_argument("--total-timeout", type=float, default=TOTAL_TIMEOUT, help="seconds for the whole grading")
+    batch = actions.add_parser(
+        "grade-all", help="grade every submission in a folder (one seed), flag near-identical bodies, write a CSV"
+    )
+    batch.add_argument("dir", help="a folder holding one folder per submission")
+    batch.add_argument("--csv", default=None, metavar="FILE", help="write one row per submission to FILE")
+    batch.add_argument(
+        "--threshold", type=float, default=THRESHOLD, help="similarity (0..1, names and literals abstracted) to flag"
+    )
+    for p in (grade, batch):
+        p.add_argument("--stage", required=True, help="the stage to grade as (the teacher's word, not the folder's)")
+        p.add_argument("--extra-tests", default=None, help="a folder of hidden tests (each tagged with a task)")
+        p.add_argument("--timeout", type=float, default=PER_TEST_TIMEOUT, help="seconds per scenario case or test")
+        p.add_argument("--total-timeout", type=float, default=TOTAL_TIMEOUT, help="seconds for one grading")
+        p.add_argument("--seed", type=int, default=None, help="the seeded cases' seed (default: drawn now)")
+        p.add_argument("--no-feedback", action="store_true", help="skip running the tests of tasks that lost points")
     check = actions.add_parser(
         "check", help="grade an untouched copy and the reference of each stage: <= 10 %% and 100 %%, and how long"
     )
     check.add_argument("stages", nargs="*", help="stage numbers (default: all)")
+    check.add_argument("--extra-tests", default=None, help="hidden tests to check (each file must tag a task)")
     gs = actions.add_parser("gradescope", help="write an autograder's setup.sh and run_autograder for stage N")
     gs.add_argument("stage", help="stage number or name")
     gs.add_argument("--out", required=True, help="new or empty folder")
     a.set_defaults(func=_cmd_assignment)
+
+
+def _add_trace_arguments(bench: argparse.ArgumentParser) -> None:
+    """The options of `pagedlab bench traces` (chapters/04-prefix-caching.md, Real traffic)."""
+    bench.add_argument("--trace", default=None, help="traces: conversation or synthetic (default: both)")
+    bench.add_argument("--policies", default=None, help="traces: a comma list of lru,fifo,lfu,slru,min (default: all)")
+    bench.add_argument(
+        "--pool-sizes", default=None, help="traces: pool sizes in blocks of 512 tokens, a comma list (default: 512 "
+        "to 65536, doubling)"
+    )  # fmt: skip
+    bench.add_argument("--concurrency", type=int, default=None, help="traces: requests in flight at most (default 1)")
+    bench.add_argument("--jobs", type=int, default=None, help="traces: replays at once, one process each (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -557,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["vllm"],
         help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
     )
+    _add_trace_arguments(bench)
     bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
                        "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
     bench.add_argument("--model", default=None, help="serve --url: the model to ask for (default: the first listed)")
@@ -570,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.add_argument(
         "--rerun-benches",
         action="store_true",
-        help="measure the four bench figures again (minutes) instead of redrawing them from their JSON",
+        help="measure the bench figures again (minutes) instead of redrawing them from their JSON",
     )
     figs.set_defaults(func=_cmd_figures)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import graphviz
 
 from pagedlab.viz import CACHED, FREE, SHARED, USED, request_colour
+from pagedlab.viz.graph_plot import GraphModel, plot_graph
 
 INSTALL_DOT = (
     "install it with `apt-get install graphviz`, `brew install graphviz` or `conda install -c conda-forge graphviz`"
@@ -62,12 +63,43 @@ def require_dot(path: str | Path) -> None:
 
 
 class Drawing(graphviz.Digraph):
-    """A graphviz.Digraph whose inline display in a notebook is, without `dot`, the install line instead of an error."""
+    """A graphviz.Digraph that also keeps its nodes and edges as plain data (`model`), so that without `dot` a
+    notebook still shows it: drawn by matplotlib instead (viz/graph_plot.py), with one line saying so."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model = GraphModel(title=self.graph_attr.get("label", ""), node_defaults=dict(self.node_attr))
+
+    def node(self, name, label=None, _attributes=None, **attrs):
+        self.model.add_node(name, label, attrs)
+        super().node(name, label, _attributes=_attributes, **attrs)
+
+    def edge(self, tail_name, head_name, label=None, _attributes=None, **attrs):
+        self.model.add_edge(tail_name, head_name, label, attrs)
+        super().edge(tail_name, head_name, label, _attributes=_attributes, **attrs)
+
+    def plot(self):
+        """This drawing as a matplotlib Figure, laid out without Graphviz."""
+        return plot_graph(self.model)
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
         if dot_available():
             return super()._repr_mimebundle_(include, exclude, **kwargs)
-        return {"text/plain": dot_missing_line(["this drawing"])}
+        return {"image/png": _png(self.plot()), "text/plain": dot_missing_line(["Graphviz's layout"]) + FALLBACK}
+
+
+FALLBACK = "; drawn with matplotlib instead"
+
+
+def _png(fig) -> bytes:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def _block_label(block_id: int, refs: int, text: str | None = None) -> str:

@@ -63,11 +63,14 @@ FINISHED = FREE
 # Stage 5: a preempted request, its K/V dropped (recompute) or moved to the CPU swap pool (swap).
 PREEMPTED = "#000000"
 SWAPPED = "#56b4e9"
-_REQUEST_COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#000000", "#8c6d31")
+# Requests get colours of their own (Paul Tol's "muted" scheme, also safe for colour-vision deficiencies), none of
+# them a state's above: a request drawn in a colour is never mistaken for "shared", "cached" or "preempted".
+_REQUEST_COLOURS = ("#332288", "#ddcc77", "#882255", "#88ccee", "#999933", "#cc6677", "#117733", "#aa4499")
+STATE_COLOURS = (FREE, USED, RESERVED, SHARED, CACHED, PREFILL, WAITING, PREEMPTED, SWAPPED)
 
 
 def request_colour(index: int) -> str:
-    """The colour of the index-th request (by first appearance), cycling through eight."""
+    """The colour of the index-th request (by first appearance), cycling through eight, none of them a state's."""
     return _REQUEST_COLOURS[index % len(_REQUEST_COLOURS)]
 
 

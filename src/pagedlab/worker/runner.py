@@ -129,7 +129,8 @@ class ModelRunner:
     def slot_mapping(self, block_table: np.ndarray, req_idx: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """slot = block_table[pos // block_size] * block_size + pos % block_size, for every new token.
 
-        block_table [B, nb] int32; req_idx [T]: the row of each token's request; positions [T]. Returns [T] int64."""
+        block_table [B, nb] int32; req_idx [T]: the row of each token's request; positions [T]. Returns a numpy
+        array [T] of dtype int64."""
         bs = self.config.block_size
         return block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
 

@@ -1,0 +1,159 @@
+"""Stage 4: real request traces (Mooncake's, FAST'25): each request's arrival, lengths, and prompt as block hashes.
+
+Builds on: model/files.py (read_bounded: a regular file, read no further than a limit).
+Read with: chapters/04-prefix-caching.md (Real traffic); src/pagedlab/data/traces/README.md (format, provenance).
+
+One JSON object per line:
+
+    {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, ..., 13]}
+
+`hash_ids` is the prompt cut into blocks of 512 tokens, the last one partly
+filled, each named by an id: equal ids mean the same prefix (the trace's own
+hash chain, remapped to small integers). No text and no token ids.
+
+`load_trace` checks every line (a ValueError names the line and the field)
+and that the ids form a tree: an id always follows the same id. The bundled
+traces are gzipped package data; a path to a trace of the same format, gzipped
+or not, is read the same way, through the bounded reader.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from pagedlab.kv.block_pool import cdiv
+from pagedlab.model.files import read_bounded
+
+TRACE_BLOCK_SIZE = 512  # tokens per hash id (Mooncake's block)
+TRACES = {  # the bundled traces, by name
+    "conversation": "mooncake_conversation_trace.jsonl.gz",  # 12,031 requests: an hour of real chat traffic
+    "synthetic": "mooncake_synthetic_trace.jsonl.gz",  # 3,993 requests from public datasets, Poisson arrivals
+}
+FILE_LIMIT = 16 << 20  # bytes of a trace file, gzipped or not
+TEXT_LIMIT = 256 << 20  # bytes of a trace once unzipped (a zip bomb stops here)
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace."""
+
+    timestamp: int  # arrival, milliseconds from the trace's start
+    input_length: int  # prompt tokens
+    output_length: int  # tokens generated
+    hash_ids: tuple[int, ...]  # the prompt's blocks of TRACE_BLOCK_SIZE tokens (the last partly filled), by id
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks it holds at its end: its prompt's and its answer's (the last sampled token gets no K/V, as in
+        the engine), never fewer than its prompt's."""
+        total = cdiv(self.input_length + self.output_length - 1, TRACE_BLOCK_SIZE)
+        return max(total, len(self.hash_ids))
+
+
+def trace_path(name: str) -> Path:
+    """A bundled trace's file, by name."""
+    if name not in TRACES:
+        raise ValueError(f"trace: {name!r} is not a bundled trace; known: {', '.join(TRACES)} (or a file's path)")
+    return Path(str(resources.files("pagedlab") / "data" / "traces" / TRACES[name]))
+
+
+@cache
+def load_trace(name_or_path: str) -> tuple[TraceRequest, ...]:
+    """A bundled trace by name ("conversation", "synthetic"), or a trace file's path; in arrival order."""
+    if not isinstance(name_or_path, (str, Path)):
+        raise ValueError(f"trace: expected a name or a path, got {type(name_or_path).__name__}")
+    bundled = str(name_or_path) in TRACES or not str(name_or_path).endswith((".jsonl", ".gz"))
+    path = trace_path(str(name_or_path)) if bundled else Path(name_or_path)
+    requests = [parse_line(line, path, n) for n, line in enumerate(_lines(path), 1) if line.strip()]
+    if not requests:
+        raise ValueError(f"{path}: no requests in the trace")
+    check_tree(requests, path)
+    return tuple(sorted(requests, key=lambda r: r.timestamp))  # stable: equal arrivals keep their order
+
+
+def _lines(path: Path) -> list[str]:
+    data = read_bounded(path, "trace", FILE_LIMIT)
+    if data[:2] == b"\x1f\x8b":  # gzip's magic
+        unzip = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            data = unzip.decompress(data, TEXT_LIMIT + 1)
+        except zlib.error as e:
+            raise ValueError(f"{path}: not a readable gzip file ({e})") from None
+        if len(data) > TEXT_LIMIT or unzip.unconsumed_tail:
+            raise ValueError(f"{path}: over {_size(TEXT_LIMIT)} once unzipped, the limit for a trace")
+        if not unzip.eof:
+            raise ValueError(f"{path}: not a readable gzip file (it ends early)")
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: a trace is UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+
+
+def parse_line(line: str, path, n: int) -> TraceRequest:
+    """One request, every field checked: a ValueError names the file, the line and the field."""
+    where = f"{path}, line {n}"
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{where}: not a JSON object ({e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for field in FIELDS:
+        if field not in obj:
+            raise ValueError(f"{where}: {field} is missing")
+    timestamp, n_in, n_out = (_count(obj[f], f, where, low) for f, low in zip(FIELDS, (0, 1, 0)))
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+        raise ValueError(f"{where}: hash_ids must be a list of integers")
+    if len(ids) != cdiv(n_in, TRACE_BLOCK_SIZE):
+        raise ValueError(
+            f"{where}: hash_ids has {len(ids)} ids for {n_in} tokens; blocks of {TRACE_BLOCK_SIZE} make "
+            f"{cdiv(n_in, TRACE_BLOCK_SIZE)}"
+        )
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{where}: hash_ids names one block twice (an id names a whole prefix)")
+    return TraceRequest(timestamp, n_in, n_out, tuple(ids))
+
+
+def _count(value, field: str, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{where}: {field} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_tree(requests: list[TraceRequest], path) -> None:
+    """Equal ids mean equal prefixes, so an id is always at the same place in the tree: after the same id."""
+    parent: dict = {}
+    for n, r in enumerate(requests, 1):
+        before = None
+        for h in r.hash_ids:
+            if parent.setdefault(h, before) != before:
+                raise ValueError(
+                    f"{path}, request {n}: hash_ids: id {h} follows {before} here but {parent[h]} earlier "
+                    "(equal ids must name equal prefixes)"
+                )
+            before = h
+
+
+def infinite_ceiling(trace) -> tuple[int, int]:
+    """(hit blocks, prompt blocks) with a cache that never evicts, as the traces' README counts it: a block hits
+    when it and every block before it were seen in an earlier request."""
+    seen, hits, blocks = set(), 0, 0
+    for r in trace:
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            hits += 1
+        blocks += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    return hits, blocks
