@@ -33,7 +33,7 @@ def test_a_bench_measures_on_the_threads_it_is_given_and_says_so(capsys):
     "argv, words",
     [
         (["scheduler", "--kv-budget", "64MiB"], "pagedlab bench: --kv-budget: only real takes it, not scheduler"),
-        (["memory", "--dtype", "bfloat16"], "pagedlab bench: --dtype: only real takes it, not memory"),
+        (["memory", "--dtype", "bfloat16"], "pagedlab bench: --dtype: only kernel and real take it, not memory"),
         (["real", "--kv-budget", "lots"], "pagedlab bench: --kv-budget: 'lots' is not a size"),
         (["real", "--dtype", "float64"], "pagedlab bench: --dtype: 'float64': each of a comma list must be one of"),
         (["scheduler", "--threads", "0"], "pagedlab bench: --threads must be a positive integer, got 0"),

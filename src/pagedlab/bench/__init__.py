@@ -72,7 +72,7 @@ BENCHES: dict[str, Bench] = {
         Bench("traces", "real traffic through the prefix cache: Mooncake's traces, eviction policies vs the optimum",
               "1.5 min (130 replays of two real traces, no model, 2 processes)", 90, "traces:measure_traces",
               "traces_report:report", "traces_report:tables", "04_traces", "traces_report:draw_traces",
-              "traces:start_line"),
+              "traces:start_line", options=("traces", "policies", "pool_sizes", "concurrency", "jobs")),
         Bench("throughput", "§6.2 at our scale: continuous vs static batching (and Hugging Face generate), CPU",
               "2 min (5 systems x 2 rounds, taking turns; --repeats N: about 50 s a round)", 125,
               "throughput:throughput_rows", "throughput_report:report", "throughput_report:tables", "05_throughput",
@@ -83,10 +83,10 @@ BENCHES: dict[str, Bench] = {
               "scheduler:measure_scheduler", "scheduler:report", "scheduler:tables", options=("peer",)),
         Bench("kernel", "stage 6's Triton kernels vs torch: parity on a CPU, latency and bandwidth on a GPU",
               "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels", 3,
-              "kernel:measure_kernel", "kernel:report", "kernel:tables"),
+              "kernel:measure_kernel", "kernel:report", "kernel:tables", options=("dtypes",)),
         Bench("real", "Fig. 12 on a real model: SmolLM2-135M-Instruct, every system given the same KV bytes",
-              "6 min (SmolLM2-135M-Instruct, 4 systems at 4 KV budgets, then the step profile; needs `pagedlab "
-              "fetch smollm2`)", 360,
+              "13 min (SmolLM2-135M-Instruct, 4 systems at 3 KV budgets, then the step profile; needs `pagedlab "
+              "fetch smollm2`)", 780,
               "real:real_rows", "real_report:report", "real_report:tables", "07_real", "real_report:draw_real",
               "real_report:start_line", repeats=2, options=("kv_budgets", "dtypes", "device")),
         Bench("serve", "Figure 12 at our scale: pagedlab serve under Poisson load, continuous vs static",
@@ -160,11 +160,14 @@ def _check_options(bench: Bench, options: dict, threads) -> None:
     for option in CLI_OPTIONS:
         if option in options and option not in bench.options:
             takers = [b.name for b in BENCHES.values() if option in b.options]
-            raise ValueError(f"{CLI_OPTIONS[option]}: only {', '.join(takers)} takes it, not {bench.name}")
+            verb = "takes" if len(takers) == 1 else "take"
+            raise ValueError(f"{CLI_OPTIONS[option]}: only {' and '.join(takers)} {verb} it, not {bench.name}")
 
 
 # the bench-specific options, each by its command-line flag
-CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "device": "--device", "peer": "--peer"}
+CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "device": "--device", "peer": "--peer",
+               "traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
+               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
 
 
 def save_bench_figure(bench: Bench, rows: list[dict], figures_dir: str | Path) -> Path:

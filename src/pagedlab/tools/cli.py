@@ -139,7 +139,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _trace_options(args: argparse.Namespace) -> dict:
-    """`bench traces`'s own options (a comma list each), refused for any other bench."""
+    """`bench traces`'s own options (a comma list each); run_bench refuses them for any other bench."""
     given = {
         "traces": args.trace and [args.trace],
         "policies": args.policies and args.policies.split(","),
@@ -147,15 +147,7 @@ def _trace_options(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "jobs": args.jobs,
     }
-    given = {k: v for k, v in given.items() if v is not None}
-    if given and args.name != "traces":
-        flags = ", ".join(TRACE_FLAGS[k] for k in given)
-        raise ValueError(f"{flags}: only `pagedlab bench traces` takes it, not {args.name}")
-    return given
-
-
-TRACE_FLAGS = {"traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
-               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _count(text: str, flag: str) -> int:
@@ -601,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="real: give every system this many bytes of KV cache (e.g. 64MiB) instead of sweeping the default budgets",
     )
-    bench.add_argument("--dtype", default=None, help="real: float32 (default), bfloat16, or both as 'float32,bfloat16'")
+    bench.add_argument("--dtype", default=None, help="real: float32 (default), bfloat16, or both as "
+                       "'float32,bfloat16'; kernel: only these of its dtypes")  # fmt: skip
     bench.add_argument("--device", default=None, help="real: cpu (default) or cuda (every system on the GPU)")
     bench.add_argument(
         "--peer",
