@@ -14,11 +14,13 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_INDEX ?=
 TORCH_VERSION ?= 2.13.0
+# gpu-check runs with the machine's own Python: a lent GPU machine has torch and Triton, and no network for a venv
+GPU_PYTHON ?= python3
 export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab smollm2 vllm chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs clean
+.PHONY: setup demo lab smollm2 vllm chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -87,6 +89,9 @@ book: $(VENV)/.stamp-dev smollm2  ## README, chapters and executed notebooks as 
 
 check-vllm-refs: $(VENV)/.stamp-runtime  ## maintainers: every vLLM file and symbol cited exists at its pinned tag (downloads 55 MiB)
 	$(PY) scripts/check_vllm_refs.py
+
+gpu-check:  ## maintainers, on a lent GPU machine (torch, Triton, transformers there; no venv): see scripts/gpu_check.py
+	$(GPU_PYTHON) scripts/gpu_check.py --out gpu-check
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

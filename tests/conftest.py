@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REQUIRE_TRITON = os.environ.get("PAGEDLAB_REQUIRE_TRITON") == "1"
+REQUIRE_GPU = os.environ.get("PAGEDLAB_REQUIRE_GPU") == "1"
 
 
 def need_triton():
@@ -46,6 +47,17 @@ def need_smollm2():
             pytest.fail("PAGEDLAB_REQUIRE_SMOLLM2=1 but SmolLM2 is not fetched (pagedlab fetch smollm2)")
         pytest.skip("SmolLM2 is not fetched (pagedlab fetch smollm2)")
     return registry.model_dir(registry.SMOLLM2)
+
+
+def need_vllm() -> None:
+    """Skip without `pagedlab fetch vllm`; under PAGEDLAB_REQUIRE_VLLM=1 (CI, `make test`) a missing one fails."""
+    from pagedlab.lessons import vllm_peer
+
+    problem = vllm_peer.fetched_problem()
+    if problem is not None:
+        if os.environ.get("PAGEDLAB_REQUIRE_VLLM") == "1":
+            pytest.fail(f"PAGEDLAB_REQUIRE_VLLM=1 but vLLM is not fetched: {problem} (run `pagedlab fetch vllm`)")
+        pytest.skip(f"vLLM {vllm_peer.VLLM.version} is not fetched ({problem}): `pagedlab fetch vllm`")
 
 
 REQUIRE_DOT = os.environ.get("PAGEDLAB_REQUIRE_DOT") == "1"
@@ -84,6 +96,9 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_TRITON and report.skipped and item.get_closest_marker(triton_marker()) is not None:
         report.outcome = "failed"
         report.longrepr = f"PAGEDLAB_REQUIRE_TRITON=1: stage-6 test {item.nodeid} was skipped"
+    if REQUIRE_GPU and report.skipped and item.get_closest_marker("gpu") is not None:
+        report.outcome = "failed"  # `make gpu-check` on a lent GPU: nothing may skip
+        report.longrepr = f"PAGEDLAB_REQUIRE_GPU=1: GPU test {item.nodeid} was skipped"
 
 
 @pytest.fixture(autouse=True)

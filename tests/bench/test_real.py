@@ -13,14 +13,27 @@ import torch
 
 from pagedlab import bench
 from pagedlab.bench.common import read_rows
-from pagedlab.bench.real import CONTINUOUS, HF, HF_BATCH, ROOFLINE, SYSTEMS, chat_prompt, make_stream
+from pagedlab.bench.real import (
+    CONTINUOUS,
+    DEFAULT_BUDGET,
+    HF,
+    HF_BATCH,
+    PROFILE,
+    STATIC,
+    SYSTEMS,
+    chat_prompt,
+    make_stream,
+    percentile,
+)
 from pagedlab.bench.real_report import draw_real, target_lines
+from pagedlab.bench.real_systems import hf_batch_pages, hf_static_batch
 from pagedlab.bench.runs import own_output
 from pagedlab.model.loader import bundled_model_path
 from pagedlab.model.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.stage5
+KIB = 1024
 
 CHATML = (  # SmolLM2's template, shortened: a system turn, the conversation, the assistant's header
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -28,10 +41,11 @@ CHATML = (  # SmolLM2's template, shortened: a system turn, the conversation, th
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# Four requests, two seats, outputs of 2-6 tokens (EOS may end one sooner), two rounds.
-SMALL = {"num_requests": 4, "max_num_seqs": 2, "output_lens": (2, 6), "repeats": 2, "roofline_steps": 2}
-REQUIRED_FIELDS = ("system", "tokens_per_s", "ttft_s", "num_requests", "threads")
-GENERATING = (CONTINUOUS, "pagedlab-static", HF, HF_BATCH)
+# Four requests with 2-6 answer tokens, two budgets (the default one runs two rounds), a step profile at batch 2.
+SMALL = {"num_requests": 4, "kv_budgets": (KIB * 256, DEFAULT_BUDGET), "output_cap": 6, "length_scale": 0.05,
+         "repeats": 2, "profile_batches": (2,), "profile_steps": 2}  # fmt: skip
+REQUIRED_FIELDS = ("system", "kv_budget_bytes", "tokens_per_s", "mean_running", "max_running", "ttft_p50_s",
+                   "ttft_p99_s", "ttft_s", "num_requests", "threads")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -73,53 +87,65 @@ def small_run(tiny_chat_model, tmp_path_factory):
     return result, stdout.getvalue(), stderr.getvalue(), figures
 
 
-def test_json_stdout_is_one_object_with_every_field_of_every_system(small_run):
+def by_system(result, budget):
+    return {r["system"]: r for r in result["rows"] if r["kv_budget_bytes"] == budget}
+
+
+def test_json_stdout_is_one_object_with_every_field_of_every_row(small_run):
     result, stdout, _, _ = small_run
     assert json.loads(stdout) == result and stdout.count("\n") == 1
     rows = result["rows"]
-    assert [r["system"] for r in rows] == list(SYSTEMS)
+    expected = [(b, s) for b in SMALL["kv_budgets"] for s in SYSTEMS] + [(None, PROFILE)]
+    assert [(r["kv_budget_bytes"], r["system"]) for r in rows] == expected
     assert len({frozenset(r) for r in rows}) == 1, "every row has the same fields"
     for row in rows:
         assert all(field in row for field in REQUIRED_FIELDS), row
-        assert row["threads"] == 1 and row["batch"] == 2 and row["runs"] == 2
+        assert row["dtype"] == "float32"
+        if row["system"] != PROFILE and row["error"] is None:
+            assert row["tokens_per_step"] == pytest.approx(row["num_generated_tokens"] / row["steps"])
+    for row in rows[:-1]:
+        assert row["runs"] == (2 if row["kv_budget_bytes"] == DEFAULT_BUDGET else 1)  # the sweep's points run once
         if row["error"] is None:
-            assert row["tokens_per_s_worst"] <= row["tokens_per_s_median"] <= row["tokens_per_s"]
+            assert row["threads"] == 1 and row["tokens_per_s_worst"] <= row["tokens_per_s"]
 
 
-def test_every_system_makes_hf_generates_tokens_and_reports_its_run(small_run):
-    by = {r["system"]: r for r in small_run[0]["rows"]}
-    for name in GENERATING:
-        row = by[name]
-        if name == HF_BATCH and row["error"] is not None:  # transformers' continuous batching may fail on a CPU
-            assert row["tokens_per_s"] is None
-            continue
-        assert row["same_tokens_as_hf"] is True and row["requests_differing_from_hf"] == 0, name
-        assert row["num_requests"] == 4 and 4 <= row["num_generated_tokens"] <= 4 * 6
-        assert 0 < row["ttft_s"] <= row["latency_s"] <= row["wall_s"] and row["cpu_s"] > 0
-    assert by[HF]["ratio_vs_hf_generate"] == 1.0 and by[CONTINUOUS]["continuous_vs_this"] == 1.0
-    for name in (CONTINUOUS, "pagedlab-static", HF):  # the systems that time their prefills
-        assert (
-            by[name]["steps"] > 0 and 0 < by[name]["seat_use"] <= 1 and 0 < by[name]["prefill_s"] < by[name]["wall_s"]
-        )
-    if by[HF_BATCH]["error"] is None:  # its steps are its forward passes, counted by a hook
-        assert by[HF_BATCH]["steps"] > 0 and 0 < by[HF_BATCH]["seat_use"] <= 1
-    assert 0 < by[CONTINUOUS]["forward_share"] < 1 and by[HF]["forward_share"] is None
+def test_every_system_gets_the_same_bytes_and_runs_the_batch_they_hold(small_run, tiny_chat_model):
+    result = small_run[0]
+    small, per_token = SMALL["kv_budgets"][0], 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
+    stream = make_stream(Tokenizer.from_folder(tiny_chat_model), 4, 0, SMALL["length_scale"], SMALL["output_cap"])
+    tight, roomy = by_system(result, small), by_system(result, DEFAULT_BUDGET)
+    assert tight[CONTINUOUS]["num_kv_blocks"] == tight[STATIC]["num_kv_blocks"] == small // (16 * per_token)
+    assert tight[HF]["batch"] == hf_static_batch(stream, small, per_token, 64) == 1  # one padded worst case fits
+    assert roomy[HF]["batch"] == 64 and roomy[HF]["max_running"] == 4  # 64 seats fit; the stream has 4 requests
+    for name in SYSTEMS:
+        for row in (tight[name], roomy[name]):
+            if name == HF_BATCH and row["error"] is not None:  # transformers' continuous batching may fail on a CPU
+                continue
+            assert row["same_tokens_as_hf"] is True and row["num_requests"] == 4, (name, row)
+            assert 1 <= row["mean_running"] <= row["max_running"] <= 4
+            assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] <= row["wall_s"]
+    assert tight[HF]["max_running"] == 1 and roomy[HF]["mean_running"] == 4  # its rows run to the batch's end
+    assert tight[CONTINUOUS]["max_running"] > 1  # paged: the same bytes hold more than one request at a time
+    assert hf_batch_pages(small, per_token) == small // (16 * per_token)
 
 
-def test_the_roofline_is_matmuls_at_the_batch_size_and_serves_no_requests(small_run):
-    roof = small_run[0]["rows"][-1]
-    assert roof["system"] == ROOFLINE and roof["tokens_per_s"] > 0
-    assert roof["tokens_per_s"] == pytest.approx(2 / (roof["step_ms"] / 1000))  # batch ÷ the fastest step
-    assert roof["num_requests"] is None and roof["ttft_s"] is None and roof["same_tokens_as_hf"] is None
+def test_the_step_profile_times_a_decode_beside_its_matmuls_and_attention(small_run):
+    row = small_run[0]["rows"][-1]
+    assert row["system"] == PROFILE and row["batch"] == 2 and row["tokens_per_s"] is None
+    assert row["decode_step_ms"] > 0 and row["matmul_step_ms"] > 0 and row["attention_step_ms"] > 0
+    assert row["step_vs_matmul"] == pytest.approx(row["decode_step_ms"] / row["matmul_step_ms"])
+    assert row["kv_read_mb"] == pytest.approx(2 * row["context_mean"] * 512 / 1e6)
 
 
-def test_the_bench_runs_its_systems_in_turns_and_says_first_how_long_it_takes(small_run):
+def test_the_bench_takes_turns_and_says_first_how_long_it_takes(small_run):
     err = small_run[2]
-    lines = [line for line in err.splitlines() if line.startswith("real: round")]
-    assert [line.split(", ", 1)[1].rstrip(" …") for line in lines] == list(SYSTEMS) * 2  # round 1, then round 2
-    assert [line.split(",")[0] for line in lines] == ["real: round 1 of 2"] * 5 + ["real: round 2 of 2"] * 5
-    head = " ".join(err.split("real: round")[0].split())  # before the first run (rich may wrap it)
-    assert head.startswith("real: 5 systems x 2 rounds") and "on a quiet 2-core CPU" in head
+    lines = [" ".join(line.split()) for line in err.splitlines() if line.startswith("real: float32")]
+    runs = [line for line in lines if "round" in line]
+    assert len(runs) == len(SYSTEMS) * 3  # the small budget once, the default twice
+    assert [line.rsplit(", ", 1)[1].rstrip(" …") for line in runs[4:]] == list(SYSTEMS) * 2  # in turns
+    head = " ".join(err.split("real: float32")[0].split())  # before the first run (rich may wrap it)
+    assert head.startswith("real: 4 systems at KV budgets") and "on a quiet 2-core CPU" in head
+    assert "torch on 1 thread" in head
 
 
 def test_the_figure_and_its_rows_are_written_together(small_run):
@@ -128,16 +154,19 @@ def test_the_figure_and_its_rows_are_written_together(small_run):
     back = read_rows(figures / "07_real.json")
     assert back["bench"] == "real" and back["rows"] == result["rows"]
     fig = draw_real(result["rows"])
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list(GENERATING)
+    sweep, profile = fig.axes
+    assert {line.get_label() for line in sweep.get_lines()} >= set(SYSTEMS)
+    assert [t.get_text() for t in profile.get_xticklabels()] == ["batch 2\nfloat32"]
 
 
-def test_the_stream_is_seeded_chat_prompts_of_varied_lengths(tiny_chat_model):
+def test_the_stream_is_seeded_chat_prompts_with_sharegpt_like_answers(tiny_chat_model):
     tokenizer = Tokenizer.from_folder(tiny_chat_model)
-    stream = make_stream(tokenizer, 12, (16, 64), seed=3)
-    assert stream == make_stream(tokenizer, 12, (16, 64), seed=3) != make_stream(tokenizer, 12, (16, 64), seed=4)
+    stream = make_stream(tokenizer, 12, seed=3)
+    assert stream == make_stream(tokenizer, 12, seed=3) != make_stream(tokenizer, 12, seed=4)
     header = chat_prompt(tokenizer, "")[:10]  # the system turn every prompt starts with
-    assert all(r.prompt_token_ids[:10] == tuple(header) and 16 <= r.max_tokens <= 64 for r in stream)
-    assert len({len(r.prompt_token_ids) for r in stream}) > 6 and len({r.max_tokens for r in stream}) > 6
+    assert all(r.prompt_token_ids[:10] == tuple(header) and 1 <= r.max_tokens <= 160 for r in stream)
+    lengths = [r.max_tokens for r in stream]
+    assert len(set(lengths)) > 6 and max(lengths) > 3 * min(lengths)  # a long tail, as ShareGPT's
     text = tokenizer.decode(list(stream[0].prompt_token_ids))
     assert text.startswith("imstartsystem\nBe brief.") and text.endswith("assistant\n")  # no '<|>' in this vocab
 
@@ -149,42 +178,39 @@ def test_a_padded_row_is_cut_at_its_own_end():
     assert own_output([5, 6, 2, 9], 2, eos) == [5, 6]  # max_tokens came first
 
 
-def made_up_rows(cont: float, hf: float, hf_batch: float | None, roof: float) -> list[dict]:
-    """Rows with only what target_lines reads: tokens/s (100 output tokens in `100 / tok/s` seconds), busy seats,
-    steps, and the step figures the bounds quote."""
-    base = {"batch": 8, "error": None, "same_tokens_as_hf": True, "num_generated_tokens": 100, "prompt_tokens": 250}
-    base |= {"forward_share": 0.9, "prefill_s": 0.3, "decode_step_ms": 60.0, "cpu_s": 1.0}
+def test_percentiles_interpolate_between_ranks():
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and percentile([1.0], 99) == 1.0
+    assert percentile(list(range(101)), 99) == 99
 
-    def row(system: str, tps: float, seat_use: float) -> dict:
-        steps = 100 / (seat_use * 8)  # tokens = busy seats x batch x steps
-        wall = 100 / tps
-        speed = {"tokens_per_s": tps, "tokens_per_s_median": tps, "wall_s": wall, "step_ms": 1000 * wall / steps}
-        return base | speed | {"system": system, "seat_use": seat_use}
 
-    rows = [row(CONTINUOUS, cont, 0.8), row(HF, hf, 0.5), row(HF_BATCH, hf_batch or 1.0, 0.8)]
-    rows.append(base | {"system": ROOFLINE, "tokens_per_s": roof, "step_ms": 8000 / roof, "same_tokens_as_hf": None})
+def made_up_rows(cont: float, hf: float, hf_batch: float | None) -> list[dict]:
+    """Rows with only what target_lines reads, at the default budget, and one step-profile row."""
+    base = {"kv_budget_bytes": DEFAULT_BUDGET, "dtype": "float32", "error": None, "same_tokens_as_hf": True}
+    running = [(8.0, 10, 8.0), (3.0, 3, 1.5), (7.5, 9, 7.5)]  # mean, max, own tokens per step
+    rows = [
+        base | {"system": name, "tokens_per_s": tps, "mean_running": mean, "max_running": top, "tokens_per_step": own}
+        for name, tps, (mean, top, own) in zip((CONTINUOUS, HF, HF_BATCH), (cont, hf, hf_batch or 1.0), running)
+    ]
     if hf_batch is None:
         rows[2] |= {"error": "RuntimeError: no CPU kernel", "tokens_per_s": None, "same_tokens_as_hf": None}
-    return rows
+    profile = {"system": PROFILE, "batch": 8, "dtype": "float32", "decode_step_ms": 120.0, "matmul_step_ms": 80.0}
+    profile |= {"attention_step_ms": 20.0, "step_vs_matmul": 1.5, "kv_read_mb": 66.0, "weights_mb": 538.0}
+    return [*rows, profile | {"context_mean": 180.0, "kv_budget_bytes": None, "same_tokens_as_hf": None}]
 
 
 def test_a_target_not_reached_is_said_plainly_with_what_bounds_it():
-    lines = target_lines(made_up_rows(cont=100, hf=80, hf_batch=50, roof=400))
-    assert "1.25x tokens/s" in lines[0] and "is below the 2x target on this run" in lines[0]
-    # 1.25x = 1.60x more busy seats (80% vs 50%) x 0.78x the step cost: the split is exact
-    assert "1.60x from seats" in lines[0] and "0.78x from step cost" in lines[0]
-    assert "is below the 3x target on this run" in lines[1] and "1.00x from seats" in lines[1]
-    assert "out of any system's reach" not in lines[1]  # 3 x 50 tok/s is below the roofline's 400
-    assert "reaches 25% of the matmul roofline" in lines[2] and "is below the 50% target on this run" in lines[2]
-    assert "33% of the roofline while it decodes" in lines[2] and "250 prompt tokens (2.5x its output" in lines[2]
-    assert "made hf-generate's tokens for every request" in lines[3]
-    assert not any("fail" in line or "not met" in line for line in lines)
+    lines = target_lines(made_up_rows(cont=100, hf=80, hf_batch=90))
+    assert "1.25x tokens/s, which is below the 2x target on this run" in lines[0]
+    assert "gave pagedlab-continuous 8.0 of a request's own tokens a step against 1.5 for hf-generate" in lines[0]
+    assert "(5.33x; it ran 8.0 (max 10) requests a step, hf-generate 3.0 (max 3))" in lines[0]
+    assert "its steps were 0.23x as fast" in lines[0]
+    assert "1.11x tokens/s, which is below the 1.3x target" in lines[1]
+    assert "made hf-generate's tokens for every request" in lines[2]
+    assert "1.50x its matmuls alone (80 ms), which is above the 1.2x target" in lines[3]
+    assert "reads 66 MB of K and V" in lines[3] and "already 1.25x" in lines[3] and "remaining 20 ms" in lines[3]
 
 
 def test_a_target_reached_is_said_as_plainly_and_a_failed_system_has_no_ratio():
-    lines = target_lines(made_up_rows(cont=100, hf=40, hf_batch=None, roof=150))
-    assert "2.50x tokens/s" in lines[0] and "which meets the 2x target on this run" in lines[0]
+    lines = target_lines(made_up_rows(cont=100, hf=40, hf_batch=None))
+    assert "2.50x tokens/s, which meets the 2x target on this run" in lines[0]
     assert "no ratio" in lines[1] and "RuntimeError: no CPU kernel" in lines[1]
-    assert "reaches 67% of the matmul roofline" in lines[2] and "which meets the 50% target" in lines[2]
-    lines = target_lines(made_up_rows(cont=70, hf=60, hf_batch=60, roof=150))  # 3 x 60 = 180 > 150
-    assert "3x hf-generate-batch would be 180 tok/s, above the matmul roofline (150)" in lines[1]

@@ -90,7 +90,7 @@ def test_cli_json_is_one_object(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "scheduler", "--trace", "synthetic"], "--trace: only `pagedlab bench traces` takes it"),
+        (["bench", "scheduler", "--trace", "synthetic"], "--trace: only traces takes it, not scheduler"),
         (["bench", "traces", "--trace", "chat"], "--trace: 'chat' is not one of conversation, synthetic"),
         (["bench", "traces", "--policies", "lru,random"], "--policies: 'random' is not one of"),
         (["bench", "traces", "--pool-sizes", "1024,lots"], "--pool-sizes: 'lots' is not a whole number"),

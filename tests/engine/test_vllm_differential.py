@@ -13,7 +13,6 @@ Needs `pagedlab fetch vllm` (never downloads): skipped without it, a failure und
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 
 import pytest
@@ -24,17 +23,10 @@ from pagedlab.lessons import vllm_peer
 from pagedlab.lessons.differential import FAMILIES, suite
 from pagedlab.viz.compare import BLOCK_FIELDS, LEDGER, SCHEDULE_FIELDS, as_trace, divergences
 from pagedlab.viz.trace import to_trace
+from tests.conftest import need_vllm
 
 SEEDS = 20
 pytestmark = [pytest.mark.stage5, pytest.mark.slow]
-
-
-def need_vllm() -> None:
-    problem = vllm_peer.fetched_problem()
-    if problem is not None:
-        if os.environ.get("PAGEDLAB_REQUIRE_VLLM") == "1":
-            pytest.fail(f"PAGEDLAB_REQUIRE_VLLM=1 but vLLM is not fetched: {problem} (run `pagedlab fetch vllm`)")
-        pytest.skip(f"vLLM {vllm_peer.VLLM.version} is not fetched ({problem}): `pagedlab fetch vllm`")
 
 
 class VllmLikeIndex(HashChainIndex):

@@ -37,7 +37,7 @@ DESIGN_FIELDS = {  # chapters/97-architecture.md (Benchmarks): every row has the
     "sharing": ("mode", "width", "workload", "block_size", "saved"),
     "prefix": ("workload", "caching", "stage", "num_requests", "prompt_tokens", "computed_prefill_tokens"),
     "throughput": ("system", "workload", "num_requests", "num_kv_blocks", "tokens_per_s", "normalized_latency_s"),
-    "real": ("system", "tokens_per_s", "ttft_s", "num_requests", "threads"),
+    "real": ("system", "kv_budget_bytes", "tokens_per_s", "mean_running", "max_running", "ttft_p50_s", "ttft_p99_s"),
     "traces": ("trace", "policy", "index", "pool_blocks", "tier_blocks", "hit_ratio", "dead_blocks_mean", "refused"),
     "serve": (
         "system",

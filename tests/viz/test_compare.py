@@ -21,7 +21,7 @@ from pagedlab.lessons.demo import DemoOptions, demo_trace
 from pagedlab.tools.cli import main
 from pagedlab.viz import compare
 from pagedlab.viz.page import render_compare_html
-from tests.engine.test_vllm_differential import need_vllm
+from tests.conftest import need_vllm
 from tests.viz.test_step_through import dump_dom, embedded_trace
 
 CHAPTERS = Path(__file__).resolve().parents[2] / "chapters"

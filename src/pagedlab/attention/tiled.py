@@ -43,9 +43,11 @@ class TiledPagedAttention(PagedAttention):
         k_cache, v_cache = self.kv_cache[layer_idx]
         store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         k_flat, v_flat = k_cache.view(-1, *k.shape[1:]), v_cache.view(-1, *v.shape[1:])  # [slots, KVH, D]
-        out = torch.empty_like(q)
         window = self.window(layer_idx)
         plan = meta.decode_plans.get(window) if meta.decode_plans else meta.decode_plan
+        if plan is not None and not meta.prefill_rows_cpu:  # only decodes: token i is decode i, nothing to scatter
+            return self._decode(q, k_flat, v_flat, plan)
+        out = torch.empty_like(q)
         if plan is not None:
             out.index_copy_(0, plan.tokens, self._decode(q.index_select(0, plan.tokens), k_flat, v_flat, plan))
         self.attend(out, q, k_flat, v_flat, meta, meta.prefill_rows_cpu, window)  # prefill chunks: the reference path

@@ -48,6 +48,7 @@ class Bench:
     start: str | None = None  # (options) -> the line printed before it runs: what, and how long
     repeats: int | None = None  # its rounds at the defaults, where --repeats applies
     report_options: tuple[str, ...] = ()  # options that its report takes, not its measure
+    options: tuple[str, ...] = ()  # the command line's bench-specific options it takes (kv_budgets, dtypes, peer)
 
     def part(self, name: str):
         """One of its parts, imported now: "throughput:throughput_rows" -> the function."""
@@ -71,21 +72,23 @@ BENCHES: dict[str, Bench] = {
         Bench("traces", "real traffic through the prefix cache: Mooncake's traces, eviction policies vs the optimum",
               "1.5 min (130 replays of two real traces, no model, 2 processes)", 90, "traces:measure_traces",
               "traces_report:report", "traces_report:tables", "04_traces", "traces_report:draw_traces",
-              "traces:start_line"),
+              "traces:start_line", options=("traces", "policies", "pool_sizes", "concurrency", "jobs")),
         Bench("throughput", "§6.2 at our scale: continuous vs static batching (and Hugging Face generate), CPU",
               "2 min (5 systems x 2 rounds, taking turns; --repeats N: about 50 s a round)", 125,
               "throughput:throughput_rows", "throughput_report:report", "throughput_report:tables", "05_throughput",
               "throughput_report:draw_throughput", "throughput_report:start_line", repeats=2,
               report_options=("priority_table",)),
-        Bench("scheduler", "microseconds per schedule() + update() as the running batch grows", "2 s (a fake model)",
-              2, "scheduler:measure_scheduler", "scheduler:report", "scheduler:tables"),
+        Bench("scheduler", "microseconds per schedule() + update() as the running batch grows (--peer vllm: beside "
+              "vLLM 0.33.0's own Scheduler)", "2 s (a fake model; --peer vllm about 90 s, most of it vLLM's import)", 2,
+              "scheduler:measure_scheduler", "scheduler:report", "scheduler:tables", options=("peer",)),
         Bench("kernel", "stage 6's Triton kernels vs torch: parity on a CPU, latency and bandwidth on a GPU",
               "3 s on a CPU (parity only, under TRITON_INTERPRET=1); a GPU also times the kernels", 3,
-              "kernel:measure_kernel", "kernel:report", "kernel:tables"),
-        Bench("real", "SmolLM2-135M-Instruct on a CPU: pagedlab vs transformers' generate and generate_batch",
-              "3.5 min (SmolLM2-135M-Instruct, 5 systems x 2 rounds; needs `pagedlab fetch smollm2`)", 210,
+              "kernel:measure_kernel", "kernel:report", "kernel:tables", options=("dtypes",)),
+        Bench("real", "Fig. 12 on a real model: SmolLM2-135M-Instruct, every system given the same KV bytes",
+              "13 min (SmolLM2-135M-Instruct, 4 systems at 3 KV budgets, then the step profile; needs `pagedlab "
+              "fetch smollm2`)", 780,
               "real:real_rows", "real_report:report", "real_report:tables", "07_real", "real_report:draw_real",
-              "real_report:start_line", repeats=2),
+              "real_report:start_line", repeats=2, options=("kv_budgets", "dtypes", "device")),
         Bench("serve", "Figure 12 at our scale: pagedlab serve under Poisson load, continuous vs static",
               "70 s (pagedlab serve on 127.0.0.1: 2 systems x 3 Poisson rates x 2 rounds, the openai client)", 70,
               "serve:serve_rows", "serve_report:report", "serve_report:tables", "08_serve", "serve_report:draw_serve",
@@ -101,9 +104,16 @@ def get_bench(name: str) -> Bench:
 
 
 def run_bench(
-    name: str, as_json: bool = False, figure: bool = True, figures_dir: str | Path = "figures", console=None, **options
+    name: str,
+    as_json: bool = False,
+    figure: bool = True,
+    figures_dir: str | Path = "figures",
+    console=None,
+    threads: int = 1,
+    **options,
 ) -> dict:
-    """Run bench `name` (tables on stderr); with `as_json`, also print its result to stdout as one JSON object."""
+    """Run bench `name` (tables on stderr) on `threads` torch threads; with `as_json`, also print its result to
+    stdout as one JSON object."""
     from rich.console import Console
 
     from pagedlab.bench.common import torch_threads
@@ -111,12 +121,14 @@ def run_bench(
     bench = get_bench(name)
     if "repeats" in options:
         _check_repeats(bench, options["repeats"])
+    _check_options(bench, options, threads)
     console = console or Console(stderr=True, width=None if sys.stderr.isatty() else 120)  # logs: no 80-column squeeze
     report_options = {k: options.pop(k) for k in bench.report_options if k in options}
     begin = time.perf_counter()
     if bench.start:
         console.print(bench.part("start")(options))
-    with torch_threads(1):  # the machine's cores are shared: one thread keeps timings comparable
+    console.print(f"[dim]{name}: torch on {threads} thread{'s' if threads > 1 else ''} (--threads N)[/dim]")
+    with torch_threads(threads):  # the machine's cores are shared: one thread keeps timings comparable
         rows = bench.part("measure")(console, **options)
         bench.part("report")(console, rows, **report_options)
     result = {"bench": name, "rows": rows}
@@ -139,6 +151,23 @@ def _check_repeats(bench: Bench, repeats) -> None:
         raise ValueError(f"--repeats: only {names} repeat their runs, not {bench.name}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
+
+
+def _check_options(bench: Bench, options: dict, threads) -> None:
+    """A bench-specific option given to a bench that does not take it is a mistake, not something to ignore."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {threads!r}")
+    for option in CLI_OPTIONS:
+        if option in options and option not in bench.options:
+            takers = [b.name for b in BENCHES.values() if option in b.options]
+            verb = "takes" if len(takers) == 1 else "take"
+            raise ValueError(f"{CLI_OPTIONS[option]}: only {' and '.join(takers)} {verb} it, not {bench.name}")
+
+
+# the bench-specific options, each by its command-line flag
+CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "device": "--device", "peer": "--peer",
+               "traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
+               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
 
 
 def save_bench_figure(bench: Bench, rows: list[dict], figures_dir: str | Path) -> Path:

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, progress, timing_llm
 from pagedlab.bench.workloads import SHARED_PREFIX_LENS, PrefixedRequest, shared_prefix_requests
 from pagedlab.errors import InvariantError
 from pagedlab.sampling_params import SamplingParams
@@ -193,8 +193,10 @@ def measure_prefix(console, workloads=tuple(SHARED_PREFIX_LENS), **options) -> l
     corpus_ids = corpus_token_ids(warm_up.get_tokenizer(), CORPUS_CHARS)
     serve(warm_up, shared_prefix_requests("one-shot", corpus_ids, 2, output_lens=(2, 2)))  # torch's first calls
     rows = []
-    for workload in workloads:
-        n = options.get("num_requests", NUM_REQUESTS)
-        console.print(f"[dim]prefix: {workload}, {n} requests, without and with caching …[/dim]")
-        rows += prefix_rows(workload, corpus_ids, **options)
+    with progress(console, len(workloads), "prefix") as tick:
+        for workload in workloads:
+            n = options.get("num_requests", NUM_REQUESTS)
+            console.print(f"[dim]prefix: {workload}, {n} requests, without and with caching …[/dim]")
+            tick(workload)
+            rows += prefix_rows(workload, corpus_ids, **options)
     return rows

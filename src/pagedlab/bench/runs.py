@@ -21,6 +21,7 @@ Both return a Run; `best_run` takes the fastest of a system's runs, once they ag
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 import time
@@ -54,6 +55,7 @@ class Run:
     decode_context: int | None = None  # context slots a decode attention padded to each step's longest would read
     decode_step_s: float | None = None  # median time of a step that decoded a full batch and prefilled nothing
     prefill_s: float | None = None  # time in steps that fed prompt tokens (hf-generate: each batch's first step)
+    running: list[int] | None = None  # requests each step computed (hf-generate: its batch's rows, ended or not)
     error: str | None = None  # why the run failed (then the lists are empty)
 
 
@@ -95,6 +97,7 @@ def serve_engine(llm, stream: list[BenchRequest], ignore_eos: bool = False) -> R
         [m["finished_time"] - m["arrival_time"] for m in metrics],
         wall_s, cpu_s, steps, torch.get_num_threads(), preemptions, forward_s / step_s,
         llm.engine.config.num_kv_blocks, padded_decode_context(trace), decode_step_s, prefill_s,
+        [len(step.scheduled) for step in trace],
     )  # fmt: skip
 
 
@@ -129,15 +132,15 @@ def hf_available() -> bool:
     return True
 
 
-def load_hf_model(folder):
-    """A model folder as transformers' AutoModelForCausalLM, float32, eval, offline."""
+def load_hf_model(folder, dtype: str = "float32", device: str = "cpu"):
+    """A model folder as transformers' AutoModelForCausalLM in `dtype` on `device`, eval, offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # its "Loading weights" bar would interleave with the bench's own lines
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     finally:
         logging.enable_progress_bar()
 
@@ -148,10 +151,13 @@ def eos_ids(hf_model) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def hf_generate_job(folder, stream: list[BenchRequest], batch_size: int, ignore_eos: bool = False):
-    """serve_hf_generate on the whole stream as a call of no arguments (the model loaded, warmed up)."""
-    hf_model = load_hf_model(folder)
-    serve_hf_generate(hf_model, stream[:2], 2, ignore_eos)  # torch's first calls
+def hf_generate_job(folder, stream: list[BenchRequest], batch_size: int, ignore_eos: bool = False, hf_model=None):
+    """serve_hf_generate on the whole stream as a call of no arguments (the model loaded from `folder` unless
+    given, warmed up). A batch of 0 rows cannot run: every call returns a Run that says so."""
+    if batch_size < 1:
+        return functools.partial(Run, [], [], [], math.nan, math.nan, None, error="no batch fits: 0 rows")
+    hf_model = hf_model if hf_model is not None else load_hf_model(folder)
+    serve_hf_generate(hf_model, stream[:2], min(2, batch_size), ignore_eos)  # torch's first calls
     return functools.partial(serve_hf_generate, hf_model, stream, batch_size, ignore_eos)
 
 
@@ -163,7 +169,7 @@ def serve_hf_generate(hf_model, stream: list[BenchRequest], batch_size: int, ign
 
     eos = eos_ids(hf_model)
     start, cpu_start = time.perf_counter(), time.process_time()
-    tokens, first, latency, steps, prefill_s, decode_s, context = [], [], [], 0, 0.0, [], 0
+    tokens, first, latency, steps, prefill_s, decode_s, context, running = [], [], [], 0, 0.0, [], 0, []
     for i in range(0, len(stream), batch_size):
         batch, batch_start = stream[i : i + batch_size], time.perf_counter()
         prompts, longest = [r.prompt_token_ids for r in batch], max(r.max_tokens for r in batch)
@@ -175,13 +181,14 @@ def serve_hf_generate(hf_model, stream: list[BenchRequest], batch_size: int, ign
             first.append(step_times[0] - start)
             latency.append(step_times[len(tokens[-1]) - 1] - start)
         steps += n
+        running += [len(batch)] * n  # every row is computed at every step of its batch, ended or not
         prefill_s += step_times[0] - batch_start  # the prompts, and every row's first token
         if len(batch) == batch_size:  # a full batch: every row is computed at every step, ended or not
             decode_s += [end - begin for begin, end in zip(step_times, step_times[1:])]
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     decode_step_s = statistics.median(decode_s) if decode_s else None
     return Run(tokens, first, latency, wall_s, cpu_s, steps, torch.get_num_threads(), decode_context=context,
-               decode_step_s=decode_step_s, prefill_s=prefill_s)  # fmt: skip
+               decode_step_s=decode_step_s, prefill_s=prefill_s, running=running)  # fmt: skip
 
 
 def own_output(row: list[int], max_tokens: int, eos: list[int]) -> list[int]:
@@ -211,8 +218,8 @@ def generate_padded(model, prompts: list[list[int]], max_new_tokens: int, eos_to
 
     width = max(len(p) for p in prompts)
     pad = [width - len(p) for p in prompts]
-    ids = torch.tensor([[pad_token_id] * n + list(p) for n, p in zip(pad, prompts)])  # [B, P]
-    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad])  # [B, P]: 0 = padding, never a prompt's EOS
+    ids = torch.tensor([[pad_token_id] * n + list(p) for n, p in zip(pad, prompts)], device=model.device)  # [B, P]
+    mask = torch.tensor([[0] * n + [1] * (width - n) for n in pad], device=model.device)  # [B, P]: 0 = padding
     clock = StepClock()
     with torch.inference_mode():
         out = model.generate(

@@ -31,7 +31,7 @@ import random
 import statistics
 import time
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, progress, timing_llm
 from pagedlab.bench.rounds import round_robin
 from pagedlab.bench.workloads import sample_requests
 
@@ -166,7 +166,13 @@ def serve_rows(
             for rate in rates
             for name in servers
         }
-        results = round_robin(jobs, repeats, lambda job, i: console.print(f"[dim]round {i}: {job}[/dim]"))
+        with progress(console, repeats * len(jobs), "serve") as tick:
+
+            def announce(job, i):
+                console.print(f"[dim]round {i}: {job}[/dim]")
+                tick(f"round {i}, {job}")
+
+            results = round_robin(jobs, repeats, announce)
     finally:
         for server in servers.values():
             server.close()

@@ -52,7 +52,7 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from pagedlab.bench.common import corpus_token_ids, timing_llm
+from pagedlab.bench.common import corpus_token_ids, progress, timing_llm
 from pagedlab.bench.rounds import round_robin, spread
 from pagedlab.bench.runs import BenchRequest, Run, best_run, hf_available, hf_generate_job, serve_engine
 from pagedlab.bench.workloads import sample_requests
@@ -187,8 +187,13 @@ def throughput_rows(
     The systems take turns, `repeats` rounds of one run each (bench/rounds.py), every run on a fresh engine.
     """
     jobs, extras, stream, config = system_jobs(num_requests, length_scale, max_num_seqs, block_size, seed, systems)
-    announce = lambda name, i: console.print(f"[dim]throughput: round {i} of {repeats}, {name} …[/dim]")
-    runs = round_robin(jobs, repeats, announce)
+    with progress(console, repeats * len(jobs), "throughput") as tick:
+
+        def announce(name, i):
+            console.print(f"[dim]throughput: round {i} of {repeats}, {name} …[/dim]")
+            tick(f"round {i}, {name}")
+
+        runs = round_robin(jobs, repeats, announce)
     rows = [throughput_row(name, stream, system_runs, **extras[name]) for name, system_runs in runs.items()]
     add_comparisons(rows, {name: best_run(name, system_runs) for name, system_runs in runs.items()})
     common = {**config, "length_scale": length_scale, "torch_threads": TORCH_THREADS, "seed": seed, "repeats": repeats}

@@ -129,7 +129,7 @@ def run_vllm(recordings: list[dict], model_dir: str | Path | None = None, timeou
 
     folder = Path(model_dir) if model_dir is not None else resolve_model_path(BUNDLED_MODEL)
     job = json.dumps({"model_dir": str(folder), "runs": recordings})
-    env = os.environ | {"PYTHONPATH": str(source_dir()), "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    env = peer_environment()
     done = subprocess.run(
         [str(venv_python()), str(driver_path())], input=job, capture_output=True, text=True, env=env,
         timeout=timeout, check=False,
@@ -141,6 +141,11 @@ def run_vllm(recordings: list[dict], model_dir: str | Path | None = None, timeou
     if len(runs) != len(recordings):
         raise RuntimeError(f"the vLLM driver answered {len(runs)} runs for {len(recordings)} recordings")
     return runs
+
+
+def peer_environment() -> dict:
+    """The environment a script in vLLM's venv runs with: its sources first, CPU only, offline."""
+    return os.environ | {"PYTHONPATH": str(source_dir()), "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
 
 
 def python_of_this_process() -> str:

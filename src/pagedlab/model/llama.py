@@ -26,7 +26,7 @@ from pagedlab.model.config import ModelConfig
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 as Hugging Face does."""
+    """x / rms(x) * weight, computed in float32 as Hugging Face does (then cast back before the weight)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -34,9 +34,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        if x.dtype == torch.float32:  # one fused op: x * rsqrt(mean(x^2) + eps) * weight
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -59,11 +59,19 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by per-position angles cos/sin [T, D] (the 'rotate half' layout)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos [T, 1, D] and signed sin [T, 1, D] for every position of a step, once per forward pass (not per layer).
+
+    The 'rotate half' layout pairs dimension i with i + D/2: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+    With the halves of x swapped (a roll by D/2) and sin's first half negated, that is x * cos + roll(x) * sin."""
+    freqs = positions[:, None].float() * inv_freq[None, :]  # [T, D/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), -1)[:, None].to(dtype), torch.cat((-sin, sin), -1)[:, None].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by per-position angles: rope_tables' cos and signed sin [T, 1, D]."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class Attention(nn.Module):
@@ -154,10 +162,8 @@ class CausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend, metadata: Any
     ) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden states [T, E]."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         x = self.model.embed_tokens(input_ids)  # [T, E]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = rope_tables(self.inv_freq, positions, x.dtype)  # [T, 1, D] each
         for layer in self.model.layers:
             x = layer(x, cos, sin, attn, metadata)
         return self.model.norm(x)

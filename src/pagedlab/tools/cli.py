@@ -114,20 +114,32 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from pagedlab.bench import run_bench
+    from pagedlab.config import DTYPES, parse_bytes
 
     options = {} if args.repeats is None else {"repeats": args.repeats}
+    if args.kv_budget is not None:
+        options["kv_budgets"] = (parse_bytes(args.kv_budget, "--kv-budget"),)
+    if args.dtype is not None:
+        options["dtypes"] = tuple(d.strip() for d in args.dtype.split(","))
+        bad = [d for d in options["dtypes"] if d not in DTYPES]
+        if bad or not options["dtypes"]:
+            raise ValueError(f"--dtype: {args.dtype!r}: each of a comma list must be one of {tuple(DTYPES)}")
+    if args.device is not None:
+        options["device"] = args.device
+    if args.peer is not None:
+        options["peer"] = args.peer
     options.update(_trace_options(args))
     if args.url is not None or args.model is not None:
         if args.name != "serve":
             raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
         options |= {"url": args.url, "model": args.model}
     figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
-    run_bench(args.name, as_json=args.json, figure=figure, **options)
+    run_bench(args.name, as_json=args.json, figure=figure, threads=args.threads, **options)
     return 0
 
 
 def _trace_options(args: argparse.Namespace) -> dict:
-    """`bench traces`'s own options (a comma list each), refused for any other bench."""
+    """`bench traces`'s own options (a comma list each); run_bench refuses them for any other bench."""
     given = {
         "traces": args.trace and [args.trace],
         "policies": args.policies and args.policies.split(","),
@@ -135,15 +147,7 @@ def _trace_options(args: argparse.Namespace) -> dict:
         "concurrency": args.concurrency,
         "jobs": args.jobs,
     }
-    given = {k: v for k, v in given.items() if v is not None}
-    if given and args.name != "traces":
-        flags = ", ".join(TRACE_FLAGS[k] for k in given)
-        raise ValueError(f"{flags}: only `pagedlab bench traces` takes it, not {args.name}")
-    return given
-
-
-TRACE_FLAGS = {"traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
-               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def _count(text: str, flag: str) -> int:
@@ -582,6 +586,22 @@ def build_parser() -> argparse.ArgumentParser:
     rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
     repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
     bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    bench.add_argument("--threads", type=int, default=1, help="torch threads while it measures (default 1)")
+    bench.add_argument(
+        "--kv-budget",
+        default=None,
+        metavar="BYTES",
+        help="real: give every system this many bytes of KV cache (e.g. 64MiB) instead of sweeping the default budgets",
+    )
+    bench.add_argument("--dtype", default=None, help="real: float32 (default), bfloat16, or both as "
+                       "'float32,bfloat16'; kernel: only these of its dtypes")  # fmt: skip
+    bench.add_argument("--device", default=None, help="real: cpu (default) or cuda (every system on the GPU)")
+    bench.add_argument(
+        "--peer",
+        default=None,
+        choices=["vllm"],
+        help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
+    )
     _add_trace_arguments(bench)
     bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
                        "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
