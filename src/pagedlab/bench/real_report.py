@@ -58,8 +58,9 @@ def start_line(options: dict) -> str:
     runs = sum(repeats if b == DEFAULT_BUDGET or len(budgets) == 1 else 1 for b in budgets)
     seconds = len(dtypes) * (SETUP_SECONDS + runs * scale * sum(RUN_SECONDS.values()))
     sizes = ", ".join(format_bytes(b) for b in budgets)
+    rounds = f"{repeats} round{'s' * (repeats != 1)}"
     return (
-        f"real: {len(SYSTEMS)} systems at KV budgets {sizes} ({', '.join(dtypes)}), taking turns ({repeats} rounds at "
+        f"real: {len(SYSTEMS)} systems at KV budgets {sizes} ({', '.join(dtypes)}), taking turns ({rounds} at "
         f"the default {format_bytes(DEFAULT_BUDGET)}), on {options.get('num_requests', NUM_REQUESTS)} chat requests "
         f"to {options.get('model', MODEL)}, then the step profile: {rough_duration(seconds)} on a quiet 2-core CPU, "
         "longer on a busy one"
