@@ -37,7 +37,7 @@ class VllmLikeIndex(HashChainIndex):
         super().__init__()
         self.more: dict = {}  # block hash -> the other blocks cached under it, oldest first
 
-    def insert(self, block, block_hash) -> bool:
+    def insert(self, block, block_hash, parent=None) -> bool:
         block.block_hash = block_hash
         if block_hash in self.cached_block_hash_to_block:
             self.more.setdefault(block_hash, []).append(block)

@@ -191,7 +191,9 @@ def real_rows(
                 tokens |= made
             systems.close()
             profile = (profile_batches, profile_steps, tick, device)
-            rows += step_profile_rows(console, model, dtype, systems.stream, *profile)
+            measured = step_profile_rows(console, model, dtype, systems.stream, *profile, system=CONTINUOUS,
+                                         block_size=BLOCK_SIZE)  # fmt: skip
+            rows += [empty_row(PROFILE) | row for row in measured]
     add_comparisons(rows, tokens)
     common = {"model": model, "block_size": BLOCK_SIZE, "seed": seed, "max_num_seqs": MAX_NUM_SEQS, "device": device}
     common |= {"length_scale": length_scale, "output_cap": output_cap, "repeats": repeats}

@@ -29,32 +29,40 @@ from pagedlab.bench.runs import BenchRequest
 WARM_STEPS = 2  # decode steps run before the timed ones (torch's first calls at this shape)
 
 
-def step_profile_rows(console, model, dtype, stream: list[BenchRequest], batches, steps, tick=None, device="cpu"):
-    """A row per batch size: the decode step, its matmuls and its attention, each timed alone."""
-    from pagedlab.bench.real import PROFILE, empty_row
-
+def step_profile_rows(console, model, dtype, stream: list[BenchRequest], batches, steps, tick=None, device="cpu",
+                      *, system: str, block_size: int) -> list[dict]:  # fmt: skip
+    """A row per batch size: the decode step of `system`'s engine, its matmuls and its attention, each timed alone
+    (bench/real.py adds the row's other fields)."""
     rows = []
     for batch in batches:
         console.print(f"[dim]real: {dtype}, step profile at batch {batch} …")
         if tick is not None:
             tick(f"{dtype}, step profile at batch {batch}")
-        profile = profile_decode(model, dtype, stream, batch, steps, device)
-        row = empty_row(PROFILE) | {"dtype": dtype, "batch": batch, "runs": steps} | profile
+        profile = profile_decode(model, system, dtype, stream, batch, steps, device, block_size)
+        row = {"dtype": dtype, "batch": batch, "runs": steps} | profile
         rows.append(row | {"step_vs_matmul": row["decode_step_ms"] / row["matmul_step_ms"]})
     return rows
 
 
-def profile_decode(model: str, dtype: str, stream: list[BenchRequest], batch: int, steps: int, device: str) -> dict:
+def profile_decode(
+    model: str,
+    system: str,
+    dtype: str,
+    stream: list[BenchRequest],
+    batch: int,
+    steps: int,
+    device: str,
+    block_size: int,
+) -> dict:
     """Serve `batch` of the stream's prompts (cycled) until all decode, then time decode steps and their parts."""
-    from pagedlab.bench.real import BLOCK_SIZE, CONTINUOUS
     from pagedlab.bench.real_systems import engine_llm, linear_weights, matmul_step_seconds
     from pagedlab.config import kv_bytes_per_token
     from pagedlab.sampling_params import SamplingParams
 
     prompts = [stream[i % len(stream)].prompt_token_ids for i in range(batch)]
     longest = max(map(len, prompts)) + WARM_STEPS + steps + 2
-    llm = engine_llm(model, CONTINUOUS, dtype, batch * -(-longest // BLOCK_SIZE), device, max_num_seqs=batch,
-                     block_size=BLOCK_SIZE, max_num_batched_tokens=sum(map(len, prompts)))  # fmt: skip
+    llm = engine_llm(model, system, dtype, batch * -(-longest // block_size), device, max_num_seqs=batch,
+                     block_size=block_size, max_num_batched_tokens=sum(map(len, prompts)))  # fmt: skip
     engine = llm.engine
     params = SamplingParams(max_tokens=WARM_STEPS + steps + 3, temperature=0.0, ignore_eos=True)  # + the attention's
     for i, prompt in enumerate(prompts):

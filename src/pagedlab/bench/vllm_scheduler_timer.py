@@ -73,7 +73,8 @@ def time_decode_steps(num_running: int, steps: int, prompt_len: int, block_size:
         scheduler.add_request(request)
     out = scheduler.schedule()
     scheduler.update_from_output(out, fake_output(out))
-    assert len(scheduler.running) == num_running, "the prefill step must admit every request"
+    if len(scheduler.running) != num_running:  # not assert: `python -O` would drop it
+        raise RuntimeError(f"the prefill step admitted {len(scheduler.running)} of {num_running} requests")
     schedule_ns, update_ns = [], []
     for _ in range(steps):
         t0 = time.perf_counter_ns()
@@ -83,7 +84,8 @@ def time_decode_steps(num_running: int, steps: int, prompt_len: int, block_size:
         t2 = time.perf_counter_ns()
         scheduler.update_from_output(out, sampled)
         t3 = time.perf_counter_ns()
-        assert list(out.num_scheduled_tokens.values()) == [1] * num_running, "every timed step is N decodes"
+        if list(out.num_scheduled_tokens.values()) != [1] * num_running:
+            raise RuntimeError("a timed step was not one decode token for each running request")
         schedule_ns.append(t1 - t0)
         update_ns.append(t3 - t2)
     return {"running": num_running, "schedule_ns": schedule_ns, "update_ns": update_ns}
