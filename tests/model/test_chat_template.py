@@ -3,6 +3,8 @@ them."""
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -182,3 +184,16 @@ def test_a_chat_template_argument_is_a_file_or_the_template_itself(tmp_path):
     for path, words in [("missing.jinja", "is missing"), ("fifo", "a FIFO"), ("big.jinja", "over the 1 MiB limit")]:
         with pytest.raises(ValueError, match=f"^chat_template: .* looks like a file's path, but .*{words}"):
             chat_template.load_chat_template(str(tmp_path / path))
+
+
+def test_the_worker_ends_with_its_process_and_leaves_nothing_open():
+    """The worker lives as long as the process that started it; at exit it is ended and its pipes closed, so a
+    program that rendered a template exits without a ResourceWarning (one showed at the end of the whole suite)."""
+    code = (
+        "from pagedlab.model.chat_template import render\n"
+        "print(render('{{ messages[0].content }}', [{'role': 'user', 'content': 'hi'}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-X", "dev", "-W", "always", "-c", code], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "hi\n"), done.stderr
+    assert "ResourceWarning" not in done.stderr, done.stderr

@@ -24,6 +24,7 @@ is a ValueError that starts with "chat_template:".
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -142,7 +143,26 @@ class _Worker:
         if self.proc is not None and self.pid == os.getpid():
             self.proc.kill()
             self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                try:
+                    pipe.close()
+                except OSError:  # a write that broke off left bytes that cannot be flushed to a dead worker
+                    pass
         self.proc = None
+
+    def close(self) -> None:
+        """End the worker at interpreter exit: an end of stdin ends its loop; a worker that has not gone within a
+        second is killed. Its pipes are closed either way."""
+        with self.lock:
+            if self.proc is None or self.pid != os.getpid():
+                return
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=1.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._stop()
 
 
 _WORKER = _Worker()
+atexit.register(_WORKER.close)
