@@ -24,8 +24,10 @@ from pagedlab.lessons.differential import FAMILIES, suite
 from pagedlab.viz.compare import BLOCK_FIELDS, LEDGER, SCHEDULE_FIELDS, as_trace, divergences
 from pagedlab.viz.trace import to_trace
 from tests.conftest import need_vllm
+from tests.sched.test_vllm_repros import window_hits_outnumber_the_cap
 
 SEEDS = 20
+REPROS = {"window hits outnumber the cap": window_hits_outnumber_the_cap()}  # found beside vLLM, kept as cases
 pytestmark = [pytest.mark.stage5, pytest.mark.slow]
 
 
@@ -64,7 +66,7 @@ class VllmLikeIndex(HashChainIndex):
 def runs() -> list[dict]:
     """Every workload: its family, seed, pagedlab's trace (as is, and with VllmLikeIndex) and vLLM's trace."""
     need_vllm()
-    cases = suite(SEEDS)
+    cases = suite(SEEDS) + [("repro", name, recording) for name, recording in REPROS.items()]
     results = vllm_peer.run_vllm([recording for _, _, recording in cases])
     out = []
     for (family, seed, recording), result in zip(cases, results):
@@ -79,7 +81,7 @@ def runs() -> list[dict]:
 def counts(runs: list[dict]) -> dict[str, Counter]:
     """Per family: workloads, schedule-equal, block-equal, and divergences by ledger row."""
     table: dict[str, Counter] = {family: Counter() for family in FAMILIES}
-    for run in runs:
+    for run in (r for r in runs if r["family"] in table):
         found, row = divergences(run["ours"], run["vllm"]), table[run["family"]]
         row["workloads"] += 1
         row["same_schedule"] += not any(d["field"] in SCHEDULE_FIELDS for d in found)
@@ -104,6 +106,12 @@ def test_with_the_ledgers_difference_emulated_every_field_is_equal(runs, family)
     for run in (r for r in runs if r["family"] == family):
         found = divergences(run["emulated"], run["vllm"])
         assert not found, f"{family} seed {run['seed']}: {found[0]}"
+
+
+@pytest.mark.parametrize("name", REPROS)
+def test_every_repro_equals_vllm_on_every_field(runs, name):
+    run = next(r for r in runs if r["family"] == "repro" and r["seed"] == name)
+    assert not divergences(run["ours"], run["vllm"])
 
 
 def test_the_suite_covers_every_family_and_prints_its_counts(runs, capsys):

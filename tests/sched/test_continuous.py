@@ -1,5 +1,7 @@
 """Stage 5: the continuous scheduler, step by step, with a fake model (no torch)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,9 @@ from pagedlab.worker.block_table import BlockTableBuffer
 pytestmark = pytest.mark.stage5
 
 
-def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None):
+def make(
+    num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None, window=0
+):
     cfg = engine_config(
         5,
         256,
@@ -32,6 +36,7 @@ def make(num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, c
         preemption_mode=mode,
         num_swap_blocks=swap,
     )
+    cfg = replace(cfg, sliding_window=window)  # (a model's, not a setting: engine_config refuses it)
     return ContinuousScheduler(cfg, SwappingKVCacheManager.from_config(cfg), PromptSharing)
 
 
@@ -325,7 +330,7 @@ def forks_preempted_in_their_step(s, before: set[str]) -> set[str]:
     return {i for i in before - still if i in live and live[i].status == RequestStatus.PREEMPTED}
 
 
-REACHED = {"fork preempted in its step": 0}  # how often the random streams below get there
+REACHED = {"fork preempted in its step": 0, "hits outnumber the window's cap": 0}  # corners the streams reach
 
 
 @settings(max_examples=400)  # ~2 s: enough streams to reach a fork preempted in its step several times
@@ -349,9 +354,36 @@ def random_stream(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts
     """Random arrivals (n = 1 or 2), aborts and tiny pools: after every step the invariants hold, and a
     runner's tables kept from the outputs alone (worker/block_table.py) are the KV manager's."""
     s = make(num_kv_blocks, max_num_seqs, budget, threshold, policy=policy, caching=caching, mode=mode, swap=swap)
+    run_stream(s, stream, aborts, starts=3)
+
+
+@settings(max_examples=300)
+@given(
+    stream=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 4), st.integers(0, 6), st.sampled_from([1, 1, 2])),
+        min_size=2,
+        max_size=8,
+    ),
+    num_kv_blocks=st.integers(6, 12),
+    budget=st.integers(3, 6),  # small chunks: a request's cap is the window plus a few tokens
+    window=st.sampled_from([4, 8, 12]),
+    max_num_seqs=st.integers(2, 3),
+    aborts=st.lists(st.integers(0, 11), max_size=2),
+)
+def random_window_stream(stream, num_kv_blocks, budget, window, max_num_seqs, aborts):
+    """A sliding window with prefix caching, small chunks and a tight pool: hits behind the window are null blocks,
+    so a waiting request's hits can outnumber the blocks it may ever hold at once (the window's cap)."""
+    s = make(num_kv_blocks, max_num_seqs, budget, caching=True, window=window)
+    run_stream(s, stream, aborts, starts=1)  # every prompt a prefix of the longer ones
+
+
+def run_stream(s, stream, aborts, starts):
+    """Run (prompt length, max_tokens, arrival step, n) requests through `s`, aborting a group at each step in
+    `aborts`, checking every invariant and the runner's tables after every step. Request i's prompt counts up
+    from 2 + i % starts, so prompts that start alike share their prefix."""
     groups = []
     for i, (prompt_len, max_tokens, arrive_at, n) in enumerate(stream):
-        kw = dict(first=2 + (i % 3), priority=i % 2, arrival_time=float(arrive_at))
+        kw = dict(first=2 + (i % starts), priority=i % 2, arrival_time=float(arrive_at))
         if n == 1:
             group = [req(f"r{i}", prompt_len, max_tokens, **kw)]
         else:
@@ -359,18 +391,22 @@ def random_stream(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts
         if s.kv.can_ever_admit(group):
             groups.append((arrive_at, group))
     pending, runner_tables = sorted(groups, key=lambda x: x[0]), BlockTableBuffer(4, 64)
+    cap = s.kv.window.max_blocks_held(s.config.max_num_batched_tokens, s.config.max_model_len)
+    null = None if s.kv.window.null_block is None else s.kv.window.null_block.block_id
     for t in range(400):
         while pending and pending[0][0] <= t:
             s.add_request(pending.pop(0)[1])
         if t in aborts and groups:
             s.finish_requests([r.request_id for r in groups[t % len(groups)][1]], RequestStatus.FINISHED_ABORTED)
-        forks = pending_forks(s)
+        forks, waiting = pending_forks(s), list(s.waiting)
         so = s.schedule()
         REACHED["fork preempted in its step"] += bool(forks_preempted_in_their_step(s, forks))
+        admitted_on_hits = [r.num_computed_tokens // 4 for r in waiting if r in so.scheduled]
+        REACHED["hits outnumber the window's cap"] += cap is not None and any(n >= cap for n in admitted_on_hits)
         assert so.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
         assert len(s.running) <= s.config.max_num_seqs
         runner_tables.apply(so)
-        runner_tables.check_matches({r.request_id: s.kv.get_block_ids(r) for r in s.running}, None)
+        runner_tables.check_matches({r.request_id: s.kv.get_block_ids(r) for r in s.running}, null)
         fed = so.num_scheduled_tokens
         samplers = [r.request_id for r in so.scheduled if r.num_computed_tokens + fed[r.request_id] == r.num_tokens]
         s.update(so, ModelRunnerOutput(samplers, [7] * len(samplers), [0.0] * len(samplers), [None] * len(samplers)))
@@ -379,7 +415,7 @@ def random_stream(stream, num_kv_blocks, budget, threshold, max_num_seqs, aborts
             break
     assert not s.has_unfinished_requests(), "every request ends"
     assert all(r.status.is_finished() for _, group in groups for r in group)
-    assert s.kv.num_free_blocks == num_kv_blocks, "no block leaked"
+    assert s.kv.num_free_blocks == s.kv.pool.num_usable, "no block leaked"
 
 
 @pytest.mark.task("schedule")
@@ -390,3 +426,12 @@ def test_random_streams_keep_every_invariant():
     REACHED["fork preempted in its step"] = 0
     random_stream()
     assert REACHED["fork preempted in its step"] > 0, "no stream forked a request and preempted it in one step"
+
+
+@pytest.mark.task("schedule")
+def test_random_window_streams_keep_every_invariant():
+    """The window's streams above, and proof that they admit a request whose hits reach the window's cap (the
+    corner where only the chunk's own count, uncapped, says whether a block is free for it)."""
+    REACHED["hits outnumber the window's cap"] = 0
+    random_window_stream()
+    assert REACHED["hits outnumber the window's cap"] > 0, "no stream admitted a request on that many hits"

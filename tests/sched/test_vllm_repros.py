@@ -94,3 +94,25 @@ def test_a_windowed_prompt_longer_than_the_pool_is_admitted_for_the_blocks_it_ca
     assert schedule(steps) == [{"r00": 16}, {"r00": 16}, {"r00": 8}, {"r00": 1}]
     assert steps[1]["tables"] == {"r00": [0, 0, 3, 4, 2, 1, 5, 6]}  # blocks 1, 2 freed behind the window, reused
     assert max(sum(b != 0 for b in s["tables"]["r00"]) for s in steps) <= 7
+
+
+def window_hits_outnumber_the_cap() -> dict:
+    """Window 32, blocks of 8, 8 blocks (the null block and 7), two seats, a budget of 4, caching on. r00 (48
+    tokens) computes the prompt that r01 (its first 32 and one more) and r02 (all 48 and one more) share."""
+    r00 = request("r00", 48, 1)
+    r01 = request("r01", 33, 1, arrival=2) | {"prompt_token_ids": r00["prompt_token_ids"][:32] + [3]}
+    r02 = request("r02", 49, 1, arrival=5) | {"prompt_token_ids": r00["prompt_token_ids"] + [4]}
+    cfg = config(block_size=8, num_kv_blocks=8, max_num_seqs=2, max_num_batched_tokens=4,
+                 enable_prefix_caching=True, sliding_window=32)  # fmt: skip
+    return {"config": cfg, "requests": [r00, r01, r02], "ends": []}
+
+
+def test_a_windowed_request_is_admitted_only_if_its_chunk_fits_too():
+    # At step 13 r00 is done and r01 is admitted on a 32-token hit (blocks 0-3) plus a new block. r02 hits 6
+    # blocks: 2 behind its window (null), 2 that r01 holds, 2 free cached ones it would revive, and its chunk
+    # needs a seventh. Capped by the window (at most 6 blocks held at once), its whole length needs no new block,
+    # so the capped count said 2 = the 2 free blocks, and admitting it crashed ("no room although ..."). vLLM
+    # also checks the chunk, uncapped: 3 > 2, so r02 waits one step, until r01 ends.
+    steps = to_trace(ReplayEngine(window_hits_outnumber_the_cap()).run())["steps"]
+    assert schedule(steps) == [{"r00": 4}] * 12 + [{"r01": 1}, {"r02": 1}]
+    assert steps[12]["waiting"] == ["r02"] and len(steps[12]["pool"]["free"]) == 2

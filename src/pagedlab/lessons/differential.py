@@ -14,7 +14,8 @@ the token each request samples at each position (EOS included, so some requests 
                                                                   computed twice in one step
     priority   priorities and staggered arrivals, a tight pool    the priority queue, its victims
     mixed      long and short prompts and outputs together        all of the above at once
-    window     a sliding-window model                             freeing behind the window, the null block
+    window     a sliding-window model; half with caching, small   freeing behind the window, the null block,
+               chunks and a pool that barely holds a prompt        hits behind the window at admission
 
 No model runs: the tokens are drawn here, and both schedulers are fed the same ones.
 """
@@ -38,8 +39,10 @@ def workload(family: str, seed: int) -> dict:
     rng = random.Random(f"{family}-{seed}")
     config, shapes = _FAMILY[family](rng)
     requests = [_request(rng, f"r{i:02d}", *shape) for i, shape in enumerate(shapes)]
-    longest = max(cdiv(len(r["prompt_token_ids"]) + r["max_tokens"], config["block_size"]) for r in requests)
-    config["num_kv_blocks"] = max(config["num_kv_blocks"], longest + 1 + bool(config["sliding_window"]))
+    # At least what the door asks of the longest request (KVCacheManager.can_ever_admit: its every token but the
+    # last sampled one), and the null block of a window
+    longest = max(cdiv(len(r["prompt_token_ids"]) + r["max_tokens"] - 1, config["block_size"]) for r in requests)
+    config["num_kv_blocks"] = max(config["num_kv_blocks"], longest + bool(config["sliding_window"]))
     return {"config": config, "requests": requests, "ends": []}
 
 
@@ -125,9 +128,24 @@ def _mixed(rng):
 
 
 def _window(rng):
-    config = _config(rng, sliding_window=rng.choice((8, 16, 24)), num_kv_blocks=rng.randint(6, 20),
-                     max_num_batched_tokens=rng.choice((16, 64, 256)))  # fmt: skip
-    return config, _shapes(rng, rng.randint(2, 8), prompt=(1, 60), output=(1, 30))
+    if rng.random() < 0.5:
+        config = _config(rng, sliding_window=rng.choice((8, 16, 24)), num_kv_blocks=rng.randint(6, 20),
+                         max_num_batched_tokens=rng.choice((16, 64, 256)))  # fmt: skip
+        return config, _shapes(rng, rng.randint(2, 8), prompt=(1, 60), output=(1, 30))
+    # Window + caching + small chunks + a pool that barely holds a long shared prompt: once its first request ends,
+    # the free blocks are mostly its cached ones. Hits behind the window are null blocks, so a later request's
+    # hits can outnumber the blocks it may hold at once, while its chunk still needs a block of its own
+    # (tests/sched/test_vllm_repros.py: the chunk must fit too).
+    block_size, budget, window_blocks = rng.choice((4, 8)), rng.randint(2, 4), rng.randint(2, 4)
+    base = _tokens(rng, block_size * (window_blocks + rng.randint(2, 4)))  # longer than the window by 2-4 blocks
+    config = _config(rng, block_size=block_size, sliding_window=block_size * window_blocks, enable_prefix_caching=True,
+                     num_kv_blocks=len(base) // block_size + 2, max_num_batched_tokens=budget,
+                     max_num_seqs=rng.randint(2, min(4, budget)))  # fmt: skip
+    shapes = [(base, 1, 1, 0)]
+    for extra, max_tokens, arrival, _ in _shapes(rng, rng.randint(2, 5), prompt=(1, 2), output=(1, 2), arrivals=(2, 6)):
+        cut = block_size * rng.choice((len(base) // block_size, window_blocks, rng.randint(1, len(base) // block_size)))
+        shapes.append((base[:cut] + extra, max_tokens, arrival, 0))
+    return config, shapes
 
 
 _FAMILY = {"roomy": _roomy, "tight": _tight, "chunked": _chunked, "prefix": _prefix, "priority": _priority,

@@ -156,9 +156,12 @@ class ContinuousScheduler(Scheduler):
         # Admitted only if blocks for its whole current length fit, not just the first chunk's (vLLM's
         # scheduler_reserve_full_isl): a request admitted on its first chunk alone would soon preempt someone.
         # With a sliding window, blocks behind it are freed as it moves: it never holds more than max_blocks_held.
+        # And the chunk itself must fit, uncapped: hits padded with null blocks can outnumber the cap, and the
+        # capped count then says 0 although this chunk needs a block (vLLM checks both, in allocate_slots).
         whole = min(request.num_tokens, self.config.max_model_len) - hit_tokens
         cap = self.kv.window.max_blocks_held(self.config.max_num_batched_tokens, self.config.max_model_len)
-        return num_new, hits, self.kv.blocks_to_admit(request, hits, max(num_new, whole), cap)
+        chunk_blocks = self.kv.blocks_to_admit(request, hits, num_new)
+        return num_new, hits, max(chunk_blocks, self.kv.blocks_to_admit(request, hits, whole, cap))
 
     def _admit(self, request: Request, hits: list, out: SchedulerOutput) -> None:
         """From waiting to running: swapped back in, or starting its table with its cache hits."""
