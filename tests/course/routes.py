@@ -137,7 +137,7 @@ for hops in range(16):  # str.format walks the traceback's frames to the runner'
 cases = ["blocks_come_one_at_a_time", "none_when_the_pool_is_short", "a_static_batch_on_paged_blocks"]
 cases += [f"seeded-{i}" for i in range(1, 5)]
 for case in cases:  # forged results straight down the child's pipe
-    np.savetxt(f"/dev/fd/{fd}", [[0]], fmt='{"case": "' + case + '", "obs": [%d], "passed": true}')
+    np.savetxt(f"/dev/fd/{fd}", [[0]], fmt='{"case": "' + case + '", "obs": [%d]}')
 return []
 """
 
@@ -198,3 +198,74 @@ def forge_outside_the_regions(ws: Path) -> None:
     init.write_text(init.read_text() + f"\nimport sys\nsys.path.insert(0, {str(SRC.parent)!r})\n")
     pool = ws / "src" / "pagedlab" / "kv" / "block_pool.py"
     pool.write_text(pool.read_text() + f"\nexec(open({str(BLOCK_POOL)!r}).read())\n")
+
+
+# -- issue 39's routes: the environment, the folder the grader runs in, the pipe, the other task's reference --------
+
+FIND_FD = """
+try:
+    raise ValueError
+except ValueError as e:
+    tb = e.__traceback__
+fd = None
+frame = tb.tb_frame
+while frame is not None:  # the child's main module keeps its result fd in sys.argv[1]
+    if frame.f_globals.get("__name__") == "__main__":
+        fd = int(frame.f_globals["sys"].argv[1])
+        break
+    frame = frame.f_back
+"""
+
+
+def forge_lines(cases: list[str], line: str) -> str:
+    """A prelude that writes `line` (with {case} filled in) for every case straight to the child's result fd, then
+    ends the child: each case's only report is the forged one."""
+    return (
+        FIND_FD
+        + f"""
+import os
+for case in {cases!r}:
+    os.write(fd, ({line!r}.replace("{{case}}", case) + "\\n").encode())
+os._exit(0)
+"""
+    )
+
+
+def huge_line_number(cases: list[str], text: str) -> str:
+    """An error report whose line number is `text` as one big integer (the old grader printed it whole)."""
+    number = int.from_bytes(text.encode(), "big")
+    return forge_lines(cases, '{"case": "{case}", "error": "ValueError", "at": ["pagedlab/kv/block_pool.py", '
+                       + str(number) + "]}")  # fmt: skip
+
+
+def deep_nesting(cases: list[str], depth: int) -> str:
+    """An observation nested `depth` deep (the old grader's json.loads raised RecursionError, and grading stopped)."""
+    return forge_lines(cases, '{"case": "{case}", "obs": ' + "[" * depth + "]" * depth + "}")
+
+
+SECRET_NAME = "PAGEDLAB_TEST_SECRET"
+READ_ENVIRONMENTS = f"""
+import glob
+found = False
+for path in glob.glob("/proc/*/environ"):  # the grader's environment, through a process it shares /proc with
+    try:
+        found |= {SECRET_NAME!r}.encode() in open(path, "rb").read()
+    except OSError:
+        pass
+if not found:
+    raise LookupError("the grader's environment is out of reach")
+"""
+
+CALL_THE_GATHER = """
+import torch
+from types import SimpleNamespace
+from pagedlab.attention.paged import PagedAttention  # paged-gather's region: the same slot, through the table
+meta = SimpleNamespace(block_size=self.config.block_size, block_table=torch.from_numpy(block_table))
+rows, at = torch.from_numpy(req_idx).long(), torch.from_numpy(positions).long()
+return PagedAttention.context_slots(None, meta, rows, at).numpy()
+"""
+
+
+def read_if_there(path: Path) -> str:
+    """Behave as the reference only if `path` can be read (the task scores its points only if it can)."""
+    return f"open({str(path)!r}).read()"

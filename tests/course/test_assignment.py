@@ -9,12 +9,14 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 import pagedlab
 from pagedlab.course import assignment, grading, regions, written
+from pagedlab.course.scenarios import stage_scenarios
 from pagedlab.stages import STAGES
 
 SRC = Path(pagedlab.__file__).parent
@@ -109,6 +111,71 @@ def test_student_copies_fail_with_the_task_and_earlier_stages_still_pass(stage, 
     if stage > 1:  # earlier stages keep their solutions: their smoke tests pass in the student copy
         run = workspace_pytest(student, f"stage{stage - 1}", SMOKE[stage - 1])
         assert run.returncode == 0, run.stdout[-2000:]
+    root = regions.repo_root()
+    assert reference_bodies_in(student, regions.unshipped_regions(root, stage)) == []
+    assert not (student / "tests" / "course").exists()  # the grader's tests: honest solutions, mutants
+
+
+def test_no_task_is_graded_within_reach_of_another_tasks_reference(tmp_path):
+    """A task's tree holds the teacher's code only for the tasks its scenarios build on; every other task of its
+    stage and of the later ones is a stub."""
+    root = regions.repo_root()
+    for stage in STAGES:
+        for task, scenarios in stage_scenarios(stage).items():
+            region = next(r for r in regions.stage_regions(root, stage) if r.task_id == task)
+            stub = regions.stub_body(region.path.read_text().splitlines(), region)
+            tree = grading.task_tree(root, tmp_path / f"{stage}-{task}", stage, task, stub)
+            mine = {task, *scenarios.builds_on}
+            others = [r for r in regions.unshipped_regions(root, stage) if r.task_id not in mine]
+            assert reference_bodies_in(tree, others) == [], task
+
+
+def reference_bodies_in(folder: Path, hearts: list) -> list[tuple[str, str]]:
+    """(task, file) for every region of `hearts` whose reference code appears in a file of `folder`: in a .py
+    file (or a string in it), a ```python block of a .md file or a notebook's code cell, as a function's body or a
+    run of statements (compared as syntax trees: comments, docstrings and layout aside)."""
+    wanted = {}
+    for r in hearts:
+        tree = ast.parse(textwrap.dedent("\n".join(r.body(r.path.read_text().splitlines()))) or "pass")
+        for block in [fn.body for fn in tree.body if isinstance(fn, ast.FunctionDef)] or [tree.body]:
+            code = _statements(block)
+            if sum(not isinstance(n, ast.expr_context) for s in block for n in ast.walk(s)) >= 12:  # (not glue)
+                wanted.setdefault(r.task_id, []).append(code)
+    found = []
+    for path in sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".md", ".ipynb") and p.is_file()):
+        for source in _sources(path):
+            try:
+                tree = ast.parse(source)
+            except SyntaxError:
+                continue
+            runs = [_statements(n.body) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef))]
+            for task, codes in wanted.items():
+                if any(_contains(run, code) for run in runs for code in codes):
+                    found.append((task, str(path.relative_to(folder))))
+    return found
+
+
+def _statements(body: list) -> list[str]:
+    docstring = body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+    return [ast.dump(s) for s in body[1:] if docstring] if docstring else [ast.dump(s) for s in body]
+
+
+def _contains(run: list[str], code: list[str]) -> bool:
+    return bool(code) and any(run[i : i + len(code)] == code for i in range(len(run) - len(code) + 1))
+
+
+def _sources(path: Path) -> list[str]:
+    text = path.read_text(errors="replace")
+    if path.suffix == ".py":  # the module, and any string in it that holds code (a solution kept as text)
+        try:
+            strings = [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant)]
+        except SyntaxError:
+            strings = []
+        return [text] + [textwrap.dedent(v) for v in strings if isinstance(v, str) and "\n" in v]
+    if path.suffix == ".md":
+        return [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", text, re.S)]
+    cells = json.loads(text).get("cells", [])
+    return ["".join(c["source"]) for c in cells if c.get("cell_type") == "code"]
 
 
 def assert_lines_and_links_are_right(ws: Path, spec: dict, handout: str) -> None:

@@ -7,8 +7,10 @@ files gets an error in the sandbox and scores 0; the tests are feedback, and an 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedlab.course import assignment, feedback, gradescope, grading, sandbox
+from pagedlab.course import assignment, feedback, gradescope, grading, messages, sandbox
+from pagedlab.course.scenarios import TaskScenarios, run_case, stage_scenarios
 from pagedlab.stages import STAGES
 from tests.course import routes as R
 
@@ -87,7 +90,7 @@ def test_the_first_issues_routes_score_what_an_untouched_copy_scores(workspace):
     run, results = cli_grade(workspace, "--no-feedback")
     assert run.returncode == 1 and set(task_scores(results).values()) == {UNTOUCHED}, run.stderr
     assert results["score"] == UNTOUCHED
-    assert "reported twice" in run.stderr and "raised KeyboardInterrupt" in run.stderr  # forged lines, the interrupt
+    assert "raised KeyboardInterrupt" in run.stderr  # (np.savetxt's /dev/fd/N: the child's own uid may not reopen it)
     assert_no_reference_text(run, results)
 
 
@@ -119,14 +122,15 @@ def test_a_body_that_reaches_for_the_reference_the_network_or_the_parents_files_
         listener.listen()
         port = listener.getsockname()[1]
         R.write_body(workspace, "free-queue", R.with_prelude("free-queue", None, R.open_file(R.BLOCK_POOL)))
-        R.write_body(workspace, "pool-allocate-free", R.with_prelude("pool-allocate-free", None, R.connect(port)))
-        parents = R.with_prelude("allocate-slots", None, R.open_file(workspace / "assignment.json"))
-        R.write_body(workspace, "allocate-slots", parents)
-        R.write_body(workspace, "slot-mapping", R.with_prelude("slot-mapping", None, R.SUBPROCESS))
-        R.write_body(workspace, "paged-gather", R.reference_body("paged-gather"))
+        R.write_body(workspace, "slot-mapping", R.with_prelude("slot-mapping", None, R.connect(port)))
+        R.write_body(workspace, "paged-gather", R.with_prelude("paged-gather", None, R.SUBPROCESS))
+        parents = R.with_prelude("pool-allocate-free", None, R.open_file(workspace / "assignment.json"))
+        R.write_body(workspace, "pool-allocate-free", parents)
+        R.write_body(workspace, "allocate-slots", R.reference_body("allocate-slots"))
         run, results = cli_grade(workspace, "--no-feedback")
-    assert task_scores(results) == {"paged-gather": 20, "free-queue": 0, "pool-allocate-free": 0,
-                                    "allocate-slots": 0, "slot-mapping": 0}, run.stderr  # fmt: skip
+    assert task_scores(results) == {"allocate-slots": 20, "free-queue": 0, "pool-allocate-free": 0,
+                                    "paged-gather": 0, "slot-mapping": 0}, run.stderr  # fmt: skip
+    # (pool-allocate-free's tree holds the free queue's reference, so its report names no value of the student's)
     for error in ("FileNotFoundError", "ConnectionRefusedError", "CalledProcessError"):
         assert error in run.stderr
 
@@ -158,7 +162,7 @@ def test_the_report_gives_each_task_its_score_first_failure_and_first_failing_te
     assert "test tests/kv/test_block_pool.py::test_queue_pops_from_the_head_and_appends_at_the_tail" in block
     assert "assert" in block.split("test tests/kv/test_block_pool.py", 1)[1].splitlines()[0]
     (row,) = [t for t in result["tasks"] if t["id"] == "free-queue"]
-    assert 0 < row["score"] < 20 and row["passed"] < row["cases"]
+    assert row["score"] < 20 and row["passed"] < row["cases"] and 0 < row["visible"][0] < row["visible"][1]
 
 
 def test_without_bwrap_grading_runs_and_says_so_in_one_line(tmp_path):
@@ -264,16 +268,18 @@ def test_every_stage_tasks_points_are_whole_and_add_up_to_100():
         assert sum(r.points for r in regions) == 100 and all(isinstance(r.points, int) for r in regions)
 
 
-def test_the_grader_never_trusts_a_line_it_did_not_ask_for():
-    """A case reported twice is an unknown outcome; a line for a case nobody ran, or not JSON, is ignored."""
+def test_the_grader_never_trusts_a_line_it_did_not_ask_for(tmp_path):
+    """A case reported twice is an unknown outcome; a line for a case nobody ran, or not JSON, is ignored; a line
+    for an asked case in any other shape is a report without a result."""
+    (tmp_path / "src" / "pagedlab").mkdir(parents=True)
+    (tmp_path / "src" / "pagedlab" / "x.py").write_text("a = 1\nb = 2\n")
+    output = (b'{"start": "a"}\n{"case": "a", "obs": 1}\n{"case": "a", "obs": 1}\nnot json\n{"case": "z", "obs": 1}\n'
+              b'{"case": "c", "error": "Evil\\nText", "at": ["pagedlab/x.py", 1]}\n{"start": "b"}\n')  # fmt: skip
     got: dict = {}
-    current = grading._parse(b'{"start": "a"}\n{"case": "a", "obs": 1}\n{"case": "a", "obs": 1}\nnot json\n'
-                             b'{"start": "b"}\n', got)  # fmt: skip
+    current = grading._parse(messages.scenario_messages(output, ["a", "b", "c"], tmp_path), got)
     assert current == "b" and grading._verdict("a", 1, got, {}) == "reported twice: an unknown outcome"
     assert grading._verdict("b", 1, got, {}) == "no result: the process stopped before this case"
-    assert grading._verdict("c", 1, {"c": {"case": "c", "error": "Evil\nText", "at": ["x", 1]}}, {}) == (
-        "raised an exception"
-    )
+    assert "not one the grader reads" in grading._verdict("c", 1, got, {}) and "z" not in got
 
 
 def test_a_student_checks_the_visible_cases_on_their_own_copy(workspace):
@@ -285,3 +291,125 @@ def test_a_student_checks_the_visible_cases_on_their_own_copy(workspace):
     run = subprocess.run(cmd, cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
     assert "Your own copy: the visible cases only" in run.stderr, run.stderr
     assert "free-queue                   20      20  4/4" in run.stderr and "not started: 4 tasks" in run.stderr
+
+
+# -- issue 39: the boundary's last open doors --------------------------------------------------------------------
+
+STAGE2_CASES = {task: s.case_names() for task, s in stage_scenarios(2).items()}
+
+
+def test_a_child_cannot_read_the_graders_environment_through_proc(workspace):
+    """/proc/1/environ was bwrap's, which held the grader's whole environment: bwrap now starts with PATH alone, the
+    child has its own /proc and its own user id. A body that scores only when it finds the secret scores 0."""
+    if not sandbox.isolation()[0]:
+        pytest.skip("the boundary under test is the sandbox's")
+    R.write_body(workspace, "free-queue", R.with_prelude("free-queue", "popleft", R.READ_ENVIRONMENTS))
+    R.write_body(workspace, "paged-gather", R.reference_body("paged-gather"))  # an honest task beside it
+    run, results = cli_grade(workspace, "--no-feedback", env=dict(os.environ, **{R.SECRET_NAME: "hunter2"}))
+    assert task_scores(results)["free-queue"] == 0 and task_scores(results)["paged-gather"] == 20, run.stderr
+    assert "LookupError" in run.stderr
+
+
+def test_grading_with_python_m_binds_only_the_graded_tree(workspace, tmp_path):
+    """`python -m pagedlab` puts the folder it runs in first on sys.path; the sandbox used to bind it, with the other
+    submissions and hidden tests in it. A body that scores only if it can read a file there scores 0."""
+    if not sandbox.isolation()[0]:
+        pytest.skip("the boundary under test is the sandbox's")
+    here = tmp_path / "course"
+    (here / "hidden").mkdir(parents=True)
+    (here / "hidden" / "test_secret.py").write_text("SECRET = 1\n")
+    R.write_body(
+        workspace,
+        "free-queue",
+        R.with_prelude("free-queue", "popleft", R.read_if_there(here / "hidden" / "test_secret.py")),
+    )
+    out = tmp_path / "results.json"
+    cmd = [sys.executable, "-m", "pagedlab", "assignment", "grade", str(workspace), "--stage", "2", "--json", str(out)]
+    run = subprocess.run([*cmd, "--no-feedback"], cwd=here, capture_output=True, text=True, timeout=600)
+    assert task_scores(json.loads(out.read_text()))["free-queue"] == 0, run.stderr
+    assert "FileNotFoundError" in run.stderr
+
+
+def test_what_a_child_writes_is_read_as_a_strict_schema(workspace):
+    """A line number that is 1.7 KB of text as one integer, an observation nested 100,000 deep and one nested 60
+    deep: none crashes the grader, none comes back as text; each case counts as failed."""
+    leak = "\n".join(R.reference_body("slot-mapping"))  # what such a number carried out: another task's reference
+    R.write_body(
+        workspace,
+        "free-queue",
+        R.with_prelude("free-queue", "popleft", R.huge_line_number(STAGE2_CASES["free-queue"], leak)),
+    )
+    R.write_body(
+        workspace,
+        "paged-gather",
+        R.with_prelude("paged-gather", "context_slots", R.deep_nesting(STAGE2_CASES["paged-gather"], 100_000)),
+    )
+    R.write_body(
+        workspace,
+        "slot-mapping",
+        R.with_prelude("slot-mapping", "slot_mapping", R.deep_nesting(STAGE2_CASES["slot-mapping"], 60)),
+    )
+    run, results = cli_grade(workspace, "--no-feedback")
+    assert run.returncode == 1 and results["score"] == UNTOUCHED, run.stderr
+    assert not re.search(r"\d{25}", run.stderr + json.dumps(results)), "a long number came back"
+    assert "not one the grader reads" in run.stderr  # the line number and the 60-deep value: outside the schema
+    assert "the process ended during this case" in run.stderr  # 100,000 deep: not even JSON to the parser
+    assert_no_reference_text(run, results)
+
+
+def test_a_task_cannot_call_another_tasks_reference(workspace):
+    """slot-mapping's body calling paged-gather's context_slots (the same slot, through the table) scored 20/20: in
+    its tree every task it does not build on is a stub."""
+    body = R.with_prelude("slot-mapping", "slot_mapping", R.CALL_THE_GATHER, keep_rest=False)
+    R.write_body(workspace, "slot-mapping", body)
+    run, results = cli_grade(workspace, "--no-feedback")
+    assert task_scores(results)["slot-mapping"] == 0, run.stderr
+    assert "raised NotImplementedError at pagedlab/attention/paged.py" in run.stderr
+
+
+def zero(rng):
+    return 0
+
+
+def one(rng):
+    return 1
+
+
+def test_only_cases_drawn_at_grading_score_and_none_is_a_visible_one():
+    """A task scores the share of its drawn cases that passed (the visible ones, whose answers a student holds,
+    explain only); a drawn case whose observation equals a visible one's is drawn again."""
+    body = grading.Body(grading.stage_regions(grading.repo_root(), 2)[0])
+    result = grading.TaskResult(body, {"a": None, "b": None, "seeded-1": "x", "seeded-2": None})
+    assert result.graded == ["seeded-1", "seeded-2"] and result.fraction == 0.5
+    scenarios = TaskScenarios("t", (), (zero, one), lambda rng: rng.randrange(3), 1)
+    seed = next(s for s in range(100) if run_case(scenarios, "seeded-1", s) != 2)  # its first draw: a visible answer
+    observed, seeds = grading._draw(scenarios, seed)
+    assert observed["seeded-1"] == 2 and seeds["seeded-1"] != seed
+
+
+def test_grade_all_grades_every_submission_whatever_one_of_them_does(handout, tmp_path):
+    """A task file that is a FIFO (reading it blocked for ever), one that links to /dev/zero, a body whose report is
+    nested 100,000 deep, and an honest one after them: each gets its row, and the honest one its points."""
+    subs = tmp_path / "subs"
+    for name in ("a_fifo", "b_zero", "c_deep", "d_honest"):
+        shutil.copytree(handout, subs / name)
+    pool = Path("src/pagedlab/kv/block_pool.py")
+    (subs / "a_fifo" / pool).unlink()
+    os.mkfifo(subs / "a_fifo" / pool)
+    (subs / "b_zero" / pool).unlink()
+    (subs / "b_zero" / pool).symlink_to("/dev/zero")
+    R.write_body(
+        subs / "c_deep",
+        "paged-gather",
+        R.with_prelude("paged-gather", "context_slots", R.deep_nesting(STAGE2_CASES["paged-gather"], 100_000)),
+    )
+    R.write_body(subs / "d_honest", "free-queue", R.reference_body("free-queue"))
+    out = tmp_path / "scores.csv"
+    cmd = [sys.executable, "-m", "pagedlab", "assignment", "grade-all", str(subs), "--stage", "2", "--csv", str(out),
+           "--no-feedback", "--seed", "7"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    rows = {r["submission"]: r for r in csv.DictReader(out.open())}
+    assert set(rows) == {"a_fifo", "b_zero", "c_deep", "d_honest"}, run.stderr
+    assert float(rows["d_honest"]["free-queue"]) == 20 and float(rows["d_honest"]["score"]) == 20
+    assert all(float(rows[n]["score"]) == 0 for n in ("a_fifo", "b_zero", "c_deep")), rows

@@ -4,6 +4,9 @@ A solution's code and the output below it were true when written; the engine mov
 of `## Solutions` says, in an HTML comment on the line above it (invisible once rendered), what a reader does with it:
 
     <!-- solution: run -->                 run it; the plain ``` block right below holds its printed output, exactly
+    <!-- solution: run, numbers within T -->  the same, but each number with a fraction (a float) within T of the
+                                           chapter's, relative or absolute (T = 1e-4: math.isclose), integers exact:
+                                           a float computed by BLAS differs in its last digits from one CPU to the next
     <!-- solution: run, numbers vary -->   the same, but every number may differ (timings)
     <!-- solution: save NAME -->           save it as NAME (a module a later block imports)
     <!-- solution: pytest NAME -->         save it as NAME and run `pytest NAME`: it must pass
@@ -17,6 +20,7 @@ Triton's interpreter on. A block without a comment fails the test, so a new solu
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -29,7 +33,9 @@ from tests.conftest import need_triton, need_vllm
 from tests.lessons.test_exercises import CHAPTERS, ROOT, solutions_in
 
 SESSION = Path(__file__).with_name("solution_session.py")
-DIRECTIVE = re.compile(r"^<!-- solution: (run|run, numbers vary|save (\S+)|pytest (\S+)|not run: (.+)) -->$")
+DIRECTIVE = re.compile(
+    r"^<!-- solution: (run|run, numbers vary|run, numbers within (\S+)|save (\S+)|pytest (\S+)|not run: (.+)) -->$"
+)
 FENCE = re.compile(r"^```(\w*)$")
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?")
 TIMEOUT_S = 900
@@ -60,13 +66,15 @@ def plan(lines: list[str]) -> tuple[list[dict], list[str | None], str | None]:
         assert directive, f"a ```{language} block without a <!-- solution: ... --> comment above it:\n{code[:200]}"
         match = DIRECTIVE.match(directive)
         assert match, f"not a solution directive: {directive}"
-        action, save_as, pytest_file, why = match.groups()
+        action, within, save_as, pytest_file, why = match.groups()
         if why:
             return [], [], why
         following = blocks[k + 1] if k + 1 < len(blocks) else None
         shown = following[1] if following and following[0] == "" else None
         if action.startswith("run"):
-            steps.append({"action": "run", "name": None, "code": code, "vary": action != "run"})
+            tolerance = float(within) if within else None
+            steps.append({"action": "run", "name": None, "code": code, "vary": action.endswith("vary"),
+                          "within": tolerance})  # fmt: skip
             expected.append(shown)
         else:
             steps.append({"action": "save" if save_as else "pytest", "name": save_as or pytest_file, "code": code})
@@ -83,6 +91,17 @@ def cases():
 
 def shape(text: str) -> str:
     return NUMBER.sub("N", text)
+
+
+FLOAT = re.compile(r"-?\d+\.\d+(?:e[+-]?\d+)?")
+
+
+def close(got: str, want: str, tolerance: float) -> bool:
+    """The same text, but each float within `tolerance` (relative or absolute) of the chapter's."""
+    if FLOAT.sub("F", got) != FLOAT.sub("F", want):
+        return False
+    pairs = zip(FLOAT.findall(got), FLOAT.findall(want), strict=True)
+    return all(math.isclose(float(a), float(b), rel_tol=tolerance, abs_tol=tolerance) for a, b in pairs)
 
 
 @pytest.mark.parametrize("chapter, number, lines", list(cases()))
@@ -112,6 +131,8 @@ def test_the_solution_prints_what_the_chapter_shows(chapter: Path, number: int, 
             continue
         if step["vary"]:
             assert shape(result["output"]) == shape(shown), f"{where} printed another shape of output"
+        elif step.get("within") is not None:
+            assert close(result["output"], shown, step["within"]), f"{where} printed other numbers than the chapter"
         else:
             assert result["output"] == shown, f"{where} printed something else than the chapter shows"
 
@@ -125,6 +146,11 @@ def test_directives_are_parsed_as_written():
     with pytest.raises(AssertionError, match="without a <!-- solution"):
         plan(["```python", "pass", "```"])
     assert shape("linked 0.12 us, 6,720 times, 7.97e+08") == shape("linked 3.5 us, 12 times, 1.1e-02")
+    steps, _, _ = plan(["<!-- solution: run, numbers within 1e-4 -->", "```python", "pass", "```"])
+    assert steps[0]["within"] == 1e-4 and not steps[0]["vary"]
+    assert close("score -11.434471 in 3 steps\n", "score -11.434473 in 3 steps\n", 1e-4)
+    assert not close("score -11.43 in 3 steps\n", "score -11.44 in 3 steps\n", 1e-4)
+    assert not close("score -11.434471 in 3 steps\n", "score -11.434471 in 4 steps\n", 1e-4)  # integers: exact
 
 
 def test_the_teachers_chapter_counts_the_solutions_that_run():

@@ -11,8 +11,10 @@ Read with: chapters/98-assignments.md.
     screening.py       a body's shape, before it runs
     scenarios/         what grades each task: cases whose observations are plain data
     grading.py         `pagedlab assignment grade`: the trusted parent that decides the score
-    sandbox.py         where student code runs: bubblewrap, limits, and the fallback without it
+    sandbox.py         where student code runs: bubblewrap, and the fallback without it
+    limits.py          what bounds a child: rlimits, a user id of its own, a cgroup
     run_scenarios.py   the sandboxed child that runs one task's scenarios (run as a script)
+    messages.py        what a child may say: its lines read as a strict schema
     compare.py         a student's observations against the reference's
     feedback.py        the tests of a task that lost points, run for feedback; hidden tests
     grading_runner.py  the sandboxed pytest child (run as a script)

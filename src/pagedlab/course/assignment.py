@@ -3,11 +3,14 @@
 Builds on: course/regions.py (regions, stubs), course/handout.py, course/grading.py (collect_tasks, grade).
 Read with: chapters/98-assignments.md.
 
-A student copy is the repository with every stage-N region stubbed
-(course/regions.py), earlier stages' solutions kept, the stage's chapter and
-notebook, a hand-out (each task, its points, its file and line, what it builds
-on, how it is graded, the written problems), and scenarios.json: the visible
-cases' observations, for the student's own checks. `check_stages` grades an
+A student copy is built from an allow-list: the package's src/ with every
+stage-N region stubbed, and every later stage's too (course/regions.py),
+earlier stages' solutions kept; the tests of stage N and earlier and the
+helpers they import (never the grader's own tests: they hold honest solutions
+and mutants of the reference); the stage's chapter and notebook; a hand-out
+(each task, its points, its file and line, what it builds on, how it is graded,
+the written problems); and scenarios.json: the visible cases' observations, for
+the student's own checks. `check_stages` grades an
 untouched copy and the teacher's own for each stage: a teacher's first check
 that the points add up and the grader gives the reference full marks.
 """
@@ -22,7 +25,14 @@ from pathlib import Path
 
 from pagedlab.course import feedback, grading
 from pagedlab.course.handout import builds_on, handout
-from pagedlab.course.regions import copy_tests, file_regions, repo_root, stage_regions, stub_source
+from pagedlab.course.regions import (
+    copy_student_tests,
+    file_regions,
+    repo_root,
+    stage_regions,
+    stub_source,
+    unshipped_regions,
+)
 from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 
@@ -39,12 +49,13 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
         raise ValueError(f"stage: stage {number} has no solution regions")
     tests_of = grading.collect_tasks(number)
     shutil.copytree(root / "src", out / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    copy_tests(root, out / "tests")
+    copy_student_tests(root, out / "tests", number)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, out / name)
-    for path in set() if with_solutions else {r.path for r in regions}:
+    stubbed = [r for r in unshipped_regions(root, number) if not (with_solutions and r.stage == number)]
+    for path in {r.path for r in stubbed}:
         target = out / path.relative_to(root)
-        target.write_text(stub_source(path.read_text(), [r for r in regions if r.path == path]))
+        target.write_text(stub_source(path.read_text(), [r for r in stubbed if r.path == path]))
     _copy_reading(root, out, number)
     graph = builds_on(number)
     tasks = [
@@ -95,7 +106,8 @@ def check_stages(stages=tuple(STAGES), out=sys.stderr, extra_tests=None) -> list
         rows.append(_row(number, untouched, reference))
         r = rows[-1]
         scores = f"untouched {r['untouched']:g} / {r['max_score']:g}, reference {r['reference']:g}"
-        times = f"{r['cases']} cases, {r['untouched_s']} s + {r['reference_s']} s{r['hidden_text']}"
+        times = f"{r['cases']} drawn + {r['visible']} visible cases, {r['untouched_s']} s + {r['reference_s']} s"
+        times += r["hidden_text"]
         print(f"stage {number}: {scores}, {times}", file=out)
     return rows
 
@@ -124,7 +136,8 @@ def _row(number: int, untouched: dict, reference: dict) -> dict:
     return {
         "stage": number,
         "tasks": [f"{t['id']} ({t['points']})" for t in reference["tasks"]],
-        "cases": sum(t["cases"] for t in reference["tasks"]),
+        "cases": sum(t["cases"] for t in reference["tasks"]),  # drawn at grading: they score
+        "visible": sum(t["visible"][1] for t in reference["tasks"]),
         "max_score": reference["max_score"],
         "untouched": untouched["score"],
         "reference": reference["score"] if not failed else 0.0,
@@ -138,13 +151,13 @@ def _row(number: int, untouched: dict, reference: dict) -> dict:
 def check_table(rows: list[dict]) -> str:
     """The check's rows as chapter 98's markdown table."""
     lines = [
-        "| stage | tasks (points) | scenario cases | untouched copy | reference "
+        "| stage | tasks (points) | cases (drawn + visible) | untouched copy | reference "
         "| grading time (untouched / reference) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['stage']} {STAGE_NAMES[r['stage']]} | {', '.join(r['tasks'])} | {r['cases']} "
+            f"| {r['stage']} {STAGE_NAMES[r['stage']]} | {', '.join(r['tasks'])} | {r['cases']} + {r['visible']} "
             f"| {r['untouched']:g} / {r['max_score']:g} | {r['reference']:g} / {r['max_score']:g} "
             f"| {r['untouched_s']:.1f} s / {r['reference_s']:.1f} s |"
         )

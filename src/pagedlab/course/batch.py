@@ -44,8 +44,8 @@ def grade_all(folder, stage, csv_path=None, threshold=similarity.THRESHOLD, seed
                          **scores, "isolation": result["isolation"], "seconds": result["execution_time"]})  # fmt: skip
             found, _ = read_bodies(root, grading._workspace(sub), regions)
             bodies[sub.name] = {t: similarity.tokens(b.lines) for t, b in found.items() if b.status == "accepted"}
-        except (ValueError, OSError) as e:
-            rows.append({"submission": sub.name, "score": 0, "max_score": 0, "error": str(e)[:300]})
+        except Exception as e:  # whatever one submission does, the next is graded: this one gets its row, with why
+            rows.append({"submission": sub.name, "score": 0, "max_score": 0, "error": f"{type(e).__name__}: {e}"[:300]})
         print(f"{sub.name}: {rows[-1]['score']:g} / {rows[-1]['max_score']:g}", file=out)
     reference = {r.task_id: similarity.tokens(r.body(r.path.read_text().splitlines())) for r in regions}
     pairs = similarity.flag_pairs(bodies, reference, threshold)

@@ -21,14 +21,15 @@ import re
 _ERROR_NAME = re.compile(r"[A-Za-z_]\w{0,39}(Error|Exception|Interrupt|Exit|Timeout)")
 
 
-def first_difference(expected, got) -> str | None:
-    """None when `got` equals `expected`; else where they first differ, in one line."""
+def first_difference(expected, got, echo: bool = True) -> str | None:
+    """None when `got` equals `expected`; else where they first differ, in one line. Without `echo` the student's
+    value is never shown (its tree held another task's reference, which a value could carry out)."""
     found = _diff(expected, got, [])
     if found is None:
         return None
     path, want, have = found
     where = _describe(expected, path)
-    shown = _show(have, _strings(expected))
+    shown = _show(have, _strings(expected)) if echo else "a different value"
     return f"{where}expected {_clip(json.dumps(want))}, got {shown}"
 
 

@@ -19,7 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from pagedlab.course import sandbox
+from pagedlab.course import messages, sandbox
+from pagedlab.course.regions import unshipped_regions
 from pagedlab.course.submission import build_tree
 
 
@@ -61,14 +62,17 @@ def _task_tags(path: Path) -> set[str]:
     }  # fmt: skip
 
 
-def attach(root: Path, tmp: Path, regions, results: dict, hidden: Path | None, env: dict, limits) -> list[dict]:
+def attach(root: Path, tmp: Path, number: int, results: dict, hidden: Path | None, env: dict, limits) -> list[dict]:
     """Set `feedback` (the first failing test) on every task that lost points; run the hidden tests (if any) and
-    return them as Gradescope test entries (worth nothing, shown after publication)."""
+    return them as Gradescope test entries (worth nothing, shown after publication). The tree is the student's
+    copy as they hold it: their bodies, stubs for the rest of the stage and the stages after it, the student
+    tests (so no reference of the stage is in it, and a message may be shown whole)."""
     bodies = {t: r.body.lines for t, r in results.items() if r.body.status == "accepted"}
     losing = [t for t, r in results.items() if r.body.status == "accepted" and r.fraction < 1]
     isolated = sandbox.isolation()[0]  # without the sandbox, a message could carry a file the body read
+    regions = unshipped_regions(root, number)
     if losing:
-        tree = build_tree(root, tmp / "student", regions, bodies, tests=True)
+        tree = build_tree(root, tmp / "student", regions, bodies, tests=number)
         for outcome in _run_tests(tree, tmp / "log-tests.txt", losing, env, limits):
             message = _first_lines(outcome["message"]) if isolated else "(messages are shown only when isolated)"
             for task in outcome["tasks"]:
@@ -76,7 +80,7 @@ def attach(root: Path, tmp: Path, regions, results: dict, hidden: Path | None, e
                     results[task].feedback = f"{outcome['id']}: {message}"
     if hidden is None:
         return []
-    tree = build_tree(root, tmp / "hidden", regions, bodies, tests=True, hidden=hidden)
+    tree = build_tree(root, tmp / "hidden", regions, bodies, tests=number, hidden=hidden)
     found = _run_tests(tree, tmp / "log-hidden.txt", list(results), env, limits, only_hidden=True)
     return [_hidden_entry(o, isolated) for o in found]
 
@@ -94,14 +98,10 @@ def _run_tests(tree: Path, log: Path, tasks: list[str], env: dict, limits, only_
     run = sandbox.run(tree, "src/pagedlab/course/grading_runner.py", spec, env, left, log, limits.forbidden,
                       item_limit=limits.per_item + 10)  # fmt: skip
     outcomes, current = [], None
-    for line in run.output.splitlines():
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(msg, dict) and "start" in msg:
+    for msg in messages.test_messages(run.output, files, tasks):
+        if "start" in msg:
             current = msg["start"]
-        elif isinstance(msg, dict) and "result" in msg:
+        elif "result" in msg:
             outcomes.append({**msg, "id": msg["result"]})
             current = None
     if current is not None:
@@ -110,15 +110,14 @@ def _run_tests(tree: Path, log: Path, tasks: list[str], env: dict, limits, only_
     return outcomes
 
 
-def collect_tasks(root: Path, task_ids: list[str], env: dict, tmp: Path) -> dict[str, list[str]]:
+def collect_tasks(root: Path, number: int, task_ids: list[str], env: dict, tmp: Path) -> dict[str, list[str]]:
     """{task id: the ids of the teacher's tests tagged with it}, collected in a copy of the teacher's tree."""
-    tree = build_tree(root, tmp / "collect", [], {}, tests=True)
+    tree = build_tree(root, tmp / "collect", [], {}, tests=number)
     paths = sorted((tree / "tests").rglob("test_*.py"))
     files = [str(p.relative_to(tree)) for p in paths if "mark.task(" in p.read_text()]
     spec = json.dumps({"files": files, "tasks": task_ids, "timeout": 60, "collect": True}).encode() + b"\n"
     run = sandbox.run(tree, "src/pagedlab/course/grading_runner.py", spec, env, 300, tmp / "log-collect.txt")
-    for line in run.output.splitlines():
-        msg = json.loads(line)
+    for msg in messages.test_messages(run.output, files, task_ids):
         if "collected" in msg:
             return {t: [c["id"] for c in msg["collected"] if t in c["tasks"]] for t in task_ids}
         if "collect_error" in msg:

@@ -8,12 +8,16 @@ A workspace is the student's; nothing in it is trusted, not even the stage it
 claims. The score is decided here, in the trusted process, from plain data:
 
     1. read each region's body as text (course/submission.py); an untouched stub scores 0 and never runs
-    2. draw a seed; run every task's scenarios on the teacher's reference, here, in this process
-    3. for each started task, build a tree: the teacher's src/ with only that task's body spliced in (every
-       other task keeps the teacher's code, so each task earns its points alone), and run the same scenarios
-       there in a sandbox that holds no secret (course/sandbox.py), the seed given only at run time
-    4. a case passes when the student's observations equal the reference's (course/compare.py); a task scores
-       its points times the share of its cases that passed; a case that hung, crashed or never reported failed
+    2. draw a seed; run every task's scenarios on the teacher's reference, here, in this process; a drawn case
+       whose observation equals a visible case's is drawn again, so no visible answer is ever a graded one
+    3. for each started task, build a tree: the teacher's src/ with that task's body spliced in, the tasks its
+       scenarios build on with the teacher's code (so each task earns its points alone), and every other task
+       of the stage stubbed (no other task's reference within its reach); run the same scenarios there in a
+       sandbox that holds no secret (course/sandbox.py), the seeds given only at run time
+    4. read what the child wrote as a strict schema (course/messages.py); a case passes when the student's
+       observation equals the reference's (course/compare.py); a task scores its points times the share of its
+       drawn cases that passed (the visible cases, whose answers the student has, only explain); a case that
+       hung, crashed or never reported failed
     5. for a task that lost points, run its tests in the student's own tree (all their bodies), sandboxed, and
        show the first failing assertion: feedback only (course/feedback.py)
 """
@@ -30,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.course import feedback, report, sandbox
+from pagedlab.course import feedback, messages, report, sandbox
 from pagedlab.course.compare import first_difference
-from pagedlab.course.regions import repo_root, stage_regions
+from pagedlab.course.regions import repo_root, stage_regions, unshipped_regions
 from pagedlab.course.scenarios import run_case, stage_scenarios
 from pagedlab.course.submission import Body, build_tree, read_bodies
 from pagedlab.stages import parse_stage
@@ -54,8 +58,16 @@ CHILD_ENV = {
     "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
     "HYPOTHESIS_STORAGE_DIRECTORY": "/tmp/.hypothesis",
 }
-_EXPECTED: dict = {}  # (root, stage, seed, task) -> {case: observation}: a batch computes the reference once
+NUMERICS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")  # the parent's choice of CPU kernels, passed on: same numbers both sides
+_EXPECTED: dict = {}  # (root, stage, seed, task) -> ({case: observation}, {case: its seed}): computed once a batch
+REDRAWS = 8  # draws of a case at most, until its observation is no visible case's
 _COLLECTED: dict = {}  # (root, stage) -> {task: test ids}
+
+
+def child_env() -> dict:
+    """CHILD_ENV, plus the variables that choose torch's CPU kernels when the parent has them (no secret: the child
+    computes the same numbers as the reference, run here)."""
+    return CHILD_ENV | {name: os.environ[name] for name in NUMERICS if name in os.environ}
 
 
 @dataclass(frozen=True)
@@ -76,8 +88,15 @@ class TaskResult:
     feedback: str = ""  # the first failing test and its assertion, in one or two lines
 
     @property
+    def graded(self) -> list[str]:
+        """The cases that count: those drawn at grading (a student's own copy has only the visible ones)."""
+        drawn = [name for name in self.cases if name.startswith("seeded-")]
+        return drawn or list(self.cases)
+
+    @property
     def fraction(self) -> float:
-        return sum(why is None for why in self.cases.values()) / len(self.cases) if self.cases else 0.0
+        graded = self.graded
+        return sum(self.cases[name] is None for name in graded) / len(graded) if graded else 0.0
 
 
 def grade(workspace, stage, extra_tests=None, per_test_timeout=PER_TEST_TIMEOUT, total_timeout=TOTAL_TIMEOUT,
@@ -96,13 +115,13 @@ def grade(workspace, stage, extra_tests=None, per_test_timeout=PER_TEST_TIMEOUT,
     seed = secrets.randbelow(1 << 31) if seed is None else seed
     local = (root / "assignment.json").exists()  # a student's copy grading itself: only the visible cases
     started_tasks = [t for t, b in bodies.items() if b.status == "accepted"]
-    expected = _expected(root, number, None if local else seed, started_tasks)
+    expected, seeds = _expected(root, number, None if local else seed, started_tasks)
     limits = Limits(per_test_timeout, started + total_timeout, _forbidden(root, ws))
     with tempfile.TemporaryDirectory(prefix="pagedlab-grade-") as tmp:
-        results = _run_tasks(root, Path(tmp), number, bodies, expected, seed, limits)
+        results = _run_tasks(root, Path(tmp), number, bodies, expected, seeds, limits)
         hidden_tests = []
         if run_feedback:
-            hidden_tests = feedback.attach(root, Path(tmp), regions, results, hidden, CHILD_ENV, limits)
+            hidden_tests = feedback.attach(root, Path(tmp), number, results, hidden, child_env(), limits)
     out = report.results(root, number, results, hidden_tests, notes, seed, local, sandbox.isolation())
     out["execution_time"] = round(time.monotonic() - started, 1)
     return out
@@ -116,29 +135,45 @@ def collect_tasks(stage) -> dict[str, list[str]]:
     if key not in _COLLECTED:
         ids = [r.task_id for r in stage_regions(root, number)]
         with tempfile.TemporaryDirectory(prefix="pagedlab-collect-") as tmp:
-            _COLLECTED[key] = feedback.collect_tasks(root, ids, CHILD_ENV, Path(tmp))
+            _COLLECTED[key] = feedback.collect_tasks(root, number, ids, child_env(), Path(tmp))
     return {task: list(tests) for task, tests in _COLLECTED[key].items()}
 
 
-def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> dict:
-    """{task: {case: observation}} of the teacher's reference for `tasks`, run here (the rest: the case names only);
-    a student's copy has no reference, only the visible cases' observations its hand-out ships (scenarios.json)."""
+def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> tuple[dict, dict]:
+    """({task: {case: observation}}, {task: {case: its seed}}) of the teacher's reference for `tasks`, run here (the
+    rest: the case names only); a student's copy has no reference, only the visible cases' observations its
+    hand-out ships (scenarios.json)."""
     scenarios = stage_scenarios(number)
     if seed is None:
         shipped = root / "scenarios.json"
         if not shipped.is_file():
             raise ValueError(f"scenarios.json: {root} is a student's copy without it (made by an older grader)")
-        return json.loads(shipped.read_text())
+        return json.loads(shipped.read_text()), {task: {} for task in scenarios}
     out = {task: dict.fromkeys(s.case_names()) for task, s in scenarios.items()}
+    seeds = {task: {} for task in scenarios}
     for task in tasks:
         key = (str(root), number, seed, task)
         if key not in _EXPECTED:
             kernels_on_cpu(number)
-            _EXPECTED[key] = {name: _plain(run_case(scenarios[task], name, seed)) for name in out[task]}
+            _EXPECTED[key] = _draw(scenarios[task], seed)
             while len(_EXPECTED) > 64:
                 _EXPECTED.pop(next(iter(_EXPECTED)))
-        out[task] = _EXPECTED[key]
-    return out
+        out[task], seeds[task] = _EXPECTED[key]
+    return out, seeds
+
+
+def _draw(scenarios, seed: int) -> tuple[dict, dict]:
+    """The reference's observation of every case of one task, and each drawn case's seed: the grading's seed, or
+    the next of its REDRAWS while the observation is a visible case's (whose answer the student holds)."""
+    observed = {name: _plain(run_case(scenarios, name, None)) for name in scenarios.case_names(seeded=False)}
+    visible, seeds = list(observed.values()), {}
+    for name in scenarios.case_names()[len(observed) :]:
+        for attempt in range(REDRAWS):
+            seeds[name] = (seed + attempt * 1_000_003) % (1 << 31)
+            observed[name] = _plain(run_case(scenarios, name, seeds[name]))
+            if observed[name] not in visible:
+                break
+    return observed, seeds
 
 
 def kernels_on_cpu(number: int) -> None:
@@ -159,13 +194,14 @@ def _plain(obs):
     return json.loads(json.dumps(obs, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
-def _run_tasks(root, tmp, number, bodies, expected, seed, limits: Limits) -> dict[str, TaskResult]:
+def _run_tasks(root, tmp, number, bodies, expected, seeds, limits: Limits) -> dict[str, TaskResult]:
     """Each started task's scenarios in its own sandboxed tree, several at a time."""
     results = {task: TaskResult(body) for task, body in bodies.items()}
     started = [t for t, b in bodies.items() if b.status == "accepted"]
     jobs = max(1, min(len(started), os.cpu_count() or 1))
     with ThreadPoolExecutor(jobs) as pool:
-        runs = {t: pool.submit(_run_task, root, tmp, number, bodies[t], expected[t], seed, limits) for t in started}
+        runs = {t: pool.submit(_run_task, root, tmp, number, bodies[t], expected[t], seeds[t], limits)
+                for t in started}  # fmt: skip
         for task, future in runs.items():
             results[task].cases = future.result()
     for task, result in results.items():
@@ -174,19 +210,28 @@ def _run_tasks(root, tmp, number, bodies, expected, seed, limits: Limits) -> dic
     return results
 
 
-def _run_task(root, tmp, number, body: Body, expected: dict, seed, limits: Limits) -> dict[str, str | None]:
+def task_tree(root: Path, dest: Path, number: int, task: str, body: list[str]) -> Path:
+    """The tree one task is graded in: its body, the teacher's code for the tasks its scenarios build on, and every
+    other task of the stage (and of later stages) stubbed, so that no other task's reference is within its reach."""
+    builds_on = set(stage_scenarios(number)[task].builds_on)
+    stubbed = [r for r in unshipped_regions(root, number) if r.task_id not in builds_on]
+    return build_tree(root, dest, stubbed, {task: body})
+
+
+def _run_task(root, tmp, number, body: Body, expected: dict, seeds: dict, limits: Limits) -> dict:
     """{case: None if its observation equals the reference's, else why not}, from sandboxed children."""
     task = body.region.task_id
-    tree = build_tree(root, tmp / f"task-{task}", [body.region], {task: body.lines})
+    tree = task_tree(root, tmp / f"task-{task}", number, task, body.lines)
+    echo = not stage_scenarios(number)[task].builds_on  # no other task's reference in reach: its values may show
     got: dict[str, dict] = {}
     why: dict[str, str] = {}
     remaining = list(expected)
     while remaining and time.monotonic() < limits.deadline:
-        spec = {"stage": number, "task": task, "cases": remaining, "seed": seed, "timeout": limits.per_item}
-        run = sandbox.run(tree, "src/pagedlab/course/run_scenarios.py", json.dumps(spec).encode() + b"\n", CHILD_ENV,
+        spec = {"stage": number, "task": task, "cases": remaining, "seeds": seeds, "timeout": limits.per_item}
+        run = sandbox.run(tree, "src/pagedlab/course/run_scenarios.py", json.dumps(spec).encode() + b"\n", child_env(),
                           limits.deadline - time.monotonic(), tmp / f"log-{task}.txt", limits.forbidden,
                           item_limit=limits.per_item + 3)  # fmt: skip
-        current = _parse(run.output, got)
+        current = _parse(messages.scenario_messages(run.output, remaining, tree), got)
         if current is not None and current not in got:
             why[current] = (f"killed: it ran past {run.killed}" if run.killed
                             else f"the process ended during this case (exit code {run.returncode})")  # fmt: skip
@@ -197,30 +242,25 @@ def _run_task(root, tmp, number, body: Body, expected: dict, seed, limits: Limit
         if len(left) == len(remaining):
             break
         remaining = left
-    return {name: _verdict(name, expected[name], got, why) for name in expected}
+    return {name: _verdict(name, expected[name], got, why, echo) for name in expected}
 
 
-def _parse(output: bytes, got: dict) -> str | None:
-    """Record each case's observation or error in `got`; a case reported twice is unknown. Returns the case that
-    started last without a result (the one running when the child stopped), or None."""
+def _parse(found: list[dict], got: dict) -> str | None:
+    """Record each case's observation or error in `got` (`found`: messages.scenario_messages' valid lines); a case
+    reported twice is unknown. Returns the case that started last without a result (the one running when the
+    child stopped), or None."""
     current = None
-    for line in output.splitlines():
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict):
-            continue
-        if isinstance(msg.get("start"), str):
+    for msg in found:
+        if "start" in msg:
             current = msg["start"]
-        elif isinstance(msg.get("case"), str):
+        elif "case" in msg:
             name = msg["case"]
             got[name] = {"twice": True} if name in got else msg
             current = None
     return current
 
 
-def _verdict(name: str, want, got: dict, why: dict) -> str | None:
+def _verdict(name: str, want, got: dict, why: dict, echo: bool = True) -> str | None:
     if name in why:
         return why[name]
     msg = got.get(name)
@@ -228,18 +268,20 @@ def _verdict(name: str, want, got: dict, why: dict) -> str | None:
         return "no result: the process stopped before this case"
     if msg.get("twice"):
         return "reported twice: an unknown outcome"
+    if msg.get("unreadable"):
+        return "its report was not one the grader reads (a line outside the schema): no result"
     if "error" in msg:
-        return _error_text(msg)
-    return first_difference(want, msg.get("obs"))
+        return _error_text(msg, echo)
+    return first_difference(want, msg.get("obs"), echo)
 
 
-def _error_text(msg: dict) -> str:
-    """ "raised NotImplementedError at kv/block_pool.py:62": a type name and a place, never the message."""
-    kind = msg.get("error") if isinstance(msg.get("error"), str) and msg["error"].isidentifier() else "an exception"
-    at = msg.get("at")
-    ok = isinstance(at, list) and len(at) == 2 and isinstance(at[0], str) and isinstance(at[1], int)
-    place = f" at {at[0]}:{at[1]}" if ok and at[0].endswith(".py") and len(at[0]) < 80 and at[0].isascii() else ""
-    return f"raised {kind[:60]}{place}"
+def _error_text(msg: dict, echo: bool = True) -> str:
+    """ "raised NotImplementedError at kv/block_pool.py:62": a type name and a place (both checked by
+    messages.scenario_messages: an identifier, a line of a file of the tree), never the message. Without `echo`
+    only a well-known exception's name is shown (a name of the student's own making could carry text)."""
+    file, line = msg["at"]
+    name = msg["error"] if echo or msg["error"] in messages.KNOWN_ERRORS else "an exception"
+    return f"raised {name}" + (f" at {file}:{line}" if file else "")
 
 
 def _forbidden(root: Path, ws: Path) -> list[str]:

@@ -11,7 +11,8 @@ given tasks, and writes to FD one JSON line per event:
     {"start": nodeid}   {"result": nodeid, "outcome", "message", "longrepr", "tasks", "gpu"}   {"done": true}
     {"collected": [{"id", "tasks"}]}   (with "collect": true, instead of running them)
 
-These outcomes are feedback, never a score. A test is "passed" only if its call
+These outcomes are feedback, never a score, and the parent reads them as a
+strict schema (course/messages.py). A test is "passed" only if its call
 reported a pass and nothing failed; an interrupted one (KeyboardInterrupt,
 pytest.exit), one that skipped, and one that never reported are not.
 """
@@ -105,7 +106,7 @@ class _Plugin:
             return
         if report.failed:
             crash = getattr(report.longrepr, "reprcrash", None)
-            entry.update(outcome="failed", message=crash.message if crash else str(report.longrepr)[-300:])
+            entry.update(outcome="failed", message=(crash.message if crash else str(report.longrepr)[-300:])[:2000])
             entry["longrepr"] = str(report.longrepr)[-3000:]
         elif report.skipped:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)

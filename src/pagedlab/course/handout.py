@@ -57,9 +57,9 @@ def build_on_lines(tasks: list[dict]) -> list[str]:
     uses = [f"`{t['id']}` uses {', '.join(f'`{b}`' for b in t['builds_on'])}" for t in tasks if t["builds_on"]]
     graph = "; ".join(uses) if uses else "no task uses another"
     return [
-        f"Tasks build on each other: {graph}. Each task is graded with the teacher's code for every other task,",
-        "so a correct task earns its points alone, whatever state the others are in; your own runs of the tests",
-        "use your own code for all of them.",
+        f"Tasks build on each other: {graph}. Each task is graded with the teacher's code for the tasks it builds",
+        "on (every other task is a stub there), so a correct task earns its points alone, whatever state the",
+        "others are in; your own runs of the tests use your own code for all of them.",
     ]
 
 
@@ -72,10 +72,11 @@ def _grading(number: int, tasks: list[dict]) -> list[str]:
         "the tests, `assignment.json`) are ignored. Each task is graded by its scenarios, in",
         f"[src/pagedlab/course/scenarios/stage{number}.py](src/pagedlab/course/scenarios/stage{number}.py): a few",
         "fixed, visible cases and several cases drawn from a seed chosen when grading starts. Your body runs in",
-        "a sandbox (no network, none of the teacher's files), every other task with the teacher's code; what it",
-        "returns, the block ids, queue orders, ref counts, hashes and tensors it produces are compared with what",
-        "the teacher's code produces on the same cases. A task scores its points times the share of its cases",
-        "whose observations are equal. A case that raises, hangs, or never reports scores nothing. The tests",
+        "a sandbox (no network, none of the teacher's files), the tasks it builds on with the teacher's code;",
+        "what it returns, the block ids, queue orders, ref counts, hashes and tensors it produces are compared",
+        "with what the teacher's code produces on the same cases. A task scores its points times the share of",
+        "its drawn cases whose observations are equal (the visible ones are for your own checks: they are",
+        "reported, and never score). A case that raises, hangs, or never reports scores nothing. The tests",
         "below do not set the score: when a task loses points, the report shows the first of its tests that",
         "fails, with its assertion, to say why.",
         "",

@@ -14,8 +14,9 @@ or by its marker's own `stage N`. Its first line names the task and its points:
     # END SOLUTION                                               (alone on its line)
 
 In a student copy for stage N every stage-N region keeps its markers and its
-task line, and its code becomes a stub; earlier stages keep their solutions, so
-the student builds on working code:
+task line, and its code becomes a stub (so do later stages' regions: their
+answers are not handed out yet); earlier stages keep their solutions, so the
+student builds on working code:
 
     def allocate(self, n): ...        ->      def allocate(self, n):
                                                   \"\"\"docstring kept\"\"\"
@@ -133,6 +134,12 @@ def stage_regions(root: Path, number: int) -> list[Region]:
     return [r for r in find_regions(root / "src" / "pagedlab") if r.stage == number]
 
 
+def unshipped_regions(root: Path, number: int) -> list[Region]:
+    """The regions a stage-N student copy stubs: stage N's tasks, and every later stage's (not yet handed out:
+    their answers are not shipped either). Earlier stages keep their solutions."""
+    return [r for r in find_regions(root / "src" / "pagedlab") if r.stage >= number]
+
+
 def stub_source(text: str, regions: list[Region]) -> str:
     """The file's text with the given regions (all from this file) replaced by stubs; the markers stay."""
     lines = text.splitlines()
@@ -203,7 +210,7 @@ def _raise_in_function(text: str, name: str, message: str) -> str:
 
 def copy_tests(root: Path, out: Path) -> None:
     """The checkout's tests/ into `out`, less tests/scripts/: those test the maintainers' scripts/, which no
-    workspace or autograder holds."""
+    workspace or autograder holds. (The teacher's autograder only: a student's tree gets `student_tests`.)"""
     skip = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
 
     def ignore(folder: str, names: list[str]) -> set[str]:
@@ -211,6 +218,55 @@ def copy_tests(root: Path, out: Path) -> None:
         return set(skip(folder, names)) | ({"scripts"} if top else set())
 
     shutil.copytree(root / "tests", out, ignore=ignore)
+
+
+def student_tests(root: Path, number: int) -> list[Path]:
+    """The test files a stage-N student may hold, an allow-list: those tagged with a task of stage N or earlier,
+    the helpers they import from tests/ (followed through), conftest.py and the packages' __init__.py. Never the
+    grader's own tests (tests/course/: honest solutions, mutants of the reference) nor the maintainers'."""
+    tests = root / "tests"
+    tasks = {r.task_id for r in find_regions(root / "src" / "pagedlab") if r.stage <= number}
+    grader = (tests / "course", tests / "scripts")
+    tagged = [
+        p for p in sorted(tests.rglob("test_*.py"))
+        if not p.is_relative_to(grader[0]) and not p.is_relative_to(grader[1]) and _task_marks(p) & tasks
+    ]  # fmt: skip
+    keep, todo = set(), [tests / "conftest.py", *tagged]
+    while todo:
+        path = todo.pop()
+        if path in keep or not path.is_file() or path.is_relative_to(grader[0]) or path.is_relative_to(grader[1]):
+            continue
+        keep.add(path)
+        todo += _test_imports(root, path)
+    packages = {parent / "__init__.py" for p in keep for parent in p.parents if parent.is_relative_to(tests)}
+    return sorted(keep | {p for p in packages if p.is_file()})
+
+
+def copy_student_tests(root: Path, out: Path, number: int) -> None:
+    """`student_tests(root, number)` into `out` (a tree's tests/), in their folders."""
+    for path in student_tests(root, number):
+        target = out / path.relative_to(root / "tests")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+
+
+def _task_marks(path: Path) -> set[str]:
+    return set(re.findall(r"""mark\.task\(\s*["']([a-z0-9-]+)["']""", path.read_text()))
+
+
+def _test_imports(root: Path, path: Path) -> list[Path]:
+    """The modules of tests/ that `path` imports (`from tests.a.b import c` may name tests/a/b/c.py too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tests":
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "tests"]
+        for name in names:
+            base = root.joinpath(*name.split("."))
+            found += [base.with_suffix(".py"), base / "__init__.py"]
+    return found
 
 
 def repo_root() -> Path:

@@ -6,10 +6,12 @@ Read with: chapters/98-assignments.md (Grading, Feedback).
 One Gradescope test per task, worth exactly the task's points (so the tests'
 max_scores add up to the stage's points, as integers), plus the hidden tests,
 worth nothing and shown after publication. The text report gives every task's
-score, the first case it failed and the first test that says why, and folds
-the tasks not started into one line:
+score (the share of its cases drawn at grading that passed; the visible cases,
+whose answers the student holds, are shown beside them and never score), the
+first case it failed and the first test that says why, and folds the tasks not
+started into one line:
 
-    pool-allocate-free       20   14.29  5/7 cases
+    pool-allocate-free       20      15  3/4 (visible 2/3)
         seeded-2: after op 4 ("free"), item 2: expected ["raised", ...], got ["ok", null]
         test tests/kv/test_block_pool.py::test_a_block_returns_only_at_ref_cnt_zero: AssertionError: ...
     not started: 3 tasks (allocate-slots, slot-mapping, paged-gather)
@@ -31,7 +33,7 @@ def results(root, number, tasks: dict, hidden_tests: list, notes: list, seed: in
         "max_score": max_score,
         "stage": number,
         "seed": None if local else seed,
-        "isolation": "bwrap" if isolated else f"none: {why}",
+        "isolation": f"bwrap: {why}" if isolated else f"none: {why}",
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": [_test(r) for r in rows] + hidden_tests,
@@ -43,9 +45,14 @@ def results(root, number, tasks: dict, hidden_tests: list, notes: list, seed: in
 
 
 def _row(root, result) -> dict:
+    """A task's row. `cases`/`passed` count the graded cases (drawn at grading); `visible` counts the visible ones
+    (their answers are the student's to check, so they explain and never score); the first failure shown is a
+    visible case's when one failed, since the student can rerun it."""
     body = result.body
     region = body.region
     failed = {name: why for name, why in result.cases.items() if why is not None}
+    graded = result.graded
+    visible = [name for name in result.cases if name not in graded]
     points = region.points
     return {
         "id": region.task_id,
@@ -55,8 +62,9 @@ def _row(root, result) -> dict:
         "status": body.status,
         "reasons": body.reasons,
         "score": round(points * result.fraction, 2),
-        "cases": len(result.cases),
-        "passed": len(result.cases) - len(failed),
+        "cases": len(graded),
+        "passed": sum(name not in failed for name in graded),
+        "visible": [sum(name not in failed for name in visible), len(visible)],
         "first_failure": next(iter(failed.items()), None),
         "feedback": result.feedback,
     }
@@ -80,7 +88,7 @@ def _explain(row: dict) -> list[str]:
         return ["not started: the region still holds the hand-out's stub"]
     if row["status"] in ("refused", "missing"):
         return [f"{row['status']}: {why}" for why in row["reasons"][:3]]
-    lines = [f"{row['passed']}/{row['cases']} cases passed"]
+    lines = [f"{row['passed']}/{row['cases']} graded cases passed" + _visible(row)]
     if row["first_failure"]:
         name, why = row["first_failure"]
         lines.append(f"{name}: {why}")
@@ -89,11 +97,16 @@ def _explain(row: dict) -> list[str]:
     return lines
 
 
+def _visible(row: dict) -> str:
+    passed, total = row["visible"]
+    return f" (visible {passed}/{total})" if total else ""
+
+
 def summary(out: dict, local: bool) -> str:
     """The text report: the total, the isolation, one block per task, the tasks not started in one line."""
     number = out["stage"]
     lines = [f"Stage {number} ({STAGE_NAMES[number]}): {out['score']:g} / {out['max_score']:g}"]
-    if out["isolation"] != "bwrap":
+    if not out["isolation"].startswith("bwrap"):
         lines.append(f"WARNING: ran without isolation ({out['isolation'][6:]}): student code ran as a plain process.")
     if local:
         lines.append("Your own copy: the visible cases only (scenarios.json); the teacher's grading adds seeded ones.")
@@ -104,7 +117,7 @@ def summary(out: dict, local: bool) -> str:
     for row in out["tasks"]:
         if row["status"] == "not started":
             continue
-        cases = f"{row['passed']}/{row['cases']}" if row["status"] == "accepted" else row["status"]
+        cases = f"{row['passed']}/{row['cases']}{_visible(row)}" if row["status"] == "accepted" else row["status"]
         lines.append(f"{row['id']:24} {row['points']:>6} {row['score']:>7g}  {cases}")
         lines += [f"    {line}" for line in _explain(row)[1 if row["status"] == "accepted" else 0 :]]
     if idle:

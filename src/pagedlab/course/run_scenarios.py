@@ -3,7 +3,7 @@
 Builds on: course/scenarios/ (imported from the tree, after sys.path is set).
 Read with: course/sandbox.py, chapters/98-assignments.md (The boundary).
 
-    python -I <tree>/src/pagedlab/course/run_scenarios.py FD      stdin: {"stage", "task", "cases", "seed", "timeout"}
+    python -I <tree>/src/pagedlab/course/run_scenarios.py FD      stdin: {"stage", "task", "cases", "seeds", "timeout"}
 
 It imports pagedlab from <tree>/src only (as a namespace, so pagedlab/__init__.py and torch load only where a
 case needs them), runs each case and writes one JSON line per case to FD:
@@ -11,7 +11,8 @@ case needs them), runs each case and writes one JSON line per case to FD:
     {"start": name}  then  {"case": name, "obs": ...}  or  {"case": name, "error": "TypeName", "at": [file, line]}
 
 It holds nothing that decides a score: no expected observation, no reference of the task it runs. The parent
-compares what arrives; a case that never reports (a hang, an exit, a crash) has failed.
+reads what arrives as a strict schema (course/messages.py) and compares it; a case that never reports (a hang, an
+exit, a crash) has failed.
 """
 
 import importlib
@@ -53,7 +54,7 @@ def main() -> None:
         emit({"start": name})
         signal.setitimer(signal.ITIMER_REAL, float(spec["timeout"]))
         try:
-            obs = run_case(scenarios, name, spec["seed"])
+            obs = run_case(scenarios, name, spec["seeds"].get(name))
             signal.setitimer(signal.ITIMER_REAL, 0)
             line = json.dumps({"case": name, "obs": obs}, default=_plain)
         except BaseException as e:  # an interrupt, an exit, a timeout: no observation, the case fails

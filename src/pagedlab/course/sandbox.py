@@ -1,22 +1,27 @@
 """Course: where a student's code runs: a bubblewrap sandbox that holds no secret, with limits on what it may use.
 
-Builds on: nothing of pagedlab (it starts processes and reads their output).
+Builds on: course/limits.py (rlimits, a user id of its own, a cgroup).
 Read with: chapters/98-assignments.md (The boundary).
 
     parent (trusted: the teacher's reference, the seed, the expected observations, the score)
       |  stdin: a spec (which cases, the seed)        fd: the child's observations, plain JSON lines
       v
-    bwrap --unshare-all --die-with-parent --cap-drop ALL       (no network, no other process, no capability)
+    sh: join the child's cgroup (memory, pids), set the rlimits      started with PATH alone in its environment
+    bwrap --unshare-{pid,net,ipc,uts,cgroup} --die-with-parent      (no network, no other process; as root no
+                                                                     user namespace, so that the drop below holds)
         /usr, the Python install, its site-packages       read-only, pagedlab's own entries hidden
         /grading                                          the tree to grade, read-only
-        /tmp                                              private, empty
-      python -I /grading/src/pagedlab/course/run_scenarios.py   under rlimits: memory, CPU time, open files
+        /tmp                                              private, empty, 256 MiB
+        /proc                                             its own: pid 1 is bwrap, whose environment is PATH
+      setpriv: a user id of its own, no group, no capability     (when the grader is root)
+      python -I /grading/src/pagedlab/course/run_scenarios.py   with CHILD_ENV only (--clearenv)
 
 Nothing else of the machine is there: not the teacher's checkout, not the
-workspace, not the parent's files. Where `bwrap` is missing or refused
-(`isolation()` says why), the child runs as a plain process with the same
-limits and an audit hook that refuses the teacher's folders, and every report
-says in one line that it ran without isolation.
+workspace, not the folder the grader was started in, not the parent's files
+or environment. Where `bwrap` is missing or refused (`isolation()` says why),
+the child runs as a plain process with the same rlimits and an audit hook that
+refuses the teacher's folders, and every report says in one line that it ran
+without isolation.
 """
 
 from __future__ import annotations
@@ -28,16 +33,17 @@ import signal
 import site
 import subprocess
 import sys
+import sysconfig
 import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-MEMORY_BYTES = 4 << 30  # address space: torch and Triton's interpreter need about 1 GiB
-OPEN_FILES = 512
-FILE_BYTES = 64 << 20  # the largest file the child may write (its log, anything under /tmp)
+from pagedlab.course import limits
+
 MAX_OUTPUT = 32 << 20  # bytes of observations read back at most
 INSIDE = "/grading"  # where the tree is, in the sandbox
+LAUNCH_ENV = {"PATH": "/usr/bin:/bin"}  # bwrap's own environment: pid 1 in the sandbox, its /proc/1/environ
 
 
 @dataclass
@@ -53,16 +59,26 @@ class Run:
 
 @cache
 def isolation() -> tuple[bool, str]:
-    """(True, "") when bwrap runs a sandbox here; else (False, why not). PAGEDLAB_GRADER_SANDBOX=none forces the
-    plain-process fallback (to test it)."""
+    """(True, what bounds a child) when bwrap runs a sandbox here; else (False, why not).
+    PAGEDLAB_GRADER_SANDBOX=none forces the plain-process fallback (to test it)."""
     if os.environ.get("PAGEDLAB_GRADER_SANDBOX") == "none":
         return False, "PAGEDLAB_GRADER_SANDBOX=none"
     if shutil.which("bwrap") is None:
         return False, "bwrap is not installed (apt-get install bubblewrap)"
-    probe = subprocess.run([*_bwrap_args(), "--", sys.executable, "-I", "-c", "pass"], capture_output=True, timeout=60)
+    uid = limits.child_uid()
+    if uid is not None and shutil.which("setpriv") is None:
+        return False, "setpriv is not installed (util-linux): a child run by root could not leave root"
+    cgroup = limits.make_cgroup(f"pagedlab-probe-{os.getpid()}")
+    try:
+        argv = [*limits.shell_words(60, uid, cgroup), *_bwrap_args(uid), "--", *_drop(uid), sys.executable, "-I", "-c",
+                "pass"]  # fmt: skip
+        probe = subprocess.run(argv, capture_output=True, timeout=60, env=LAUNCH_ENV)
+    finally:
+        if cgroup:
+            cgroup.remove()
     if probe.returncode != 0:
         return False, f"bwrap refused to start a sandbox: {probe.stderr.decode(errors='replace').strip()[-200:]}"
-    return True, ""
+    return True, limits.bounds(uid, cgroup)
 
 
 def run(tree: Path, script: str, spec: bytes, env: dict, timeout: float, log_file: Path, forbidden=(), item_limit=0.0):
@@ -73,25 +89,48 @@ def run(tree: Path, script: str, spec: bytes, env: dict, timeout: float, log_fil
     read, write = os.pipe()
     root = INSIDE if isolated else str(tree)
     argv = [sys.executable, "-I", f"{root}/{script}", str(write)]
+    uid = limits.child_uid() if isolated else None
+    cgroup = limits.make_cgroup(f"pagedlab-{os.getpid()}-{uid}") if isolated else None
     if isolated:
-        argv = [*_bwrap_args(), "--ro-bind", str(tree), INSIDE, "--chdir", INSIDE, "--clearenv",
-                *[a for k, v in env.items() for a in ("--setenv", k, v)], "--", *argv]  # fmt: skip
+        if uid is not None:
+            _readable_by_all(tree)
+        argv = [*_bwrap_args(uid), "--ro-bind", str(tree), INSIDE, "--chdir", INSIDE, "--clearenv",
+                *[a for k, v in env.items() for a in ("--setenv", k, v)], "--", *_drop(uid), *argv]  # fmt: skip
     else:
         spec = spec + b"\n" + "\n".join(forbidden).encode()
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(
-            [*_limits(timeout), *argv], stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-            pass_fds=(write,), cwd=None if isolated else tree, env=None if isolated else env, start_new_session=True,
-        )  # fmt: skip
-    os.close(write)
     try:
-        proc.stdin.write(spec)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    output, killed = _read(proc, read, time.monotonic() + timeout, item_limit)
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(
+                [*limits.shell_words(timeout, uid, cgroup), *argv], stdin=subprocess.PIPE, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(write,), cwd=None if isolated else tree,
+                env=LAUNCH_ENV if isolated else env, start_new_session=True,
+            )  # fmt: skip
+        os.close(write)
+        try:
+            proc.stdin.write(spec)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        output, killed = _read(proc, read, time.monotonic() + timeout, item_limit)
+    finally:
+        if cgroup:
+            cgroup.remove()
     text = log_file.read_bytes()[-6000:].decode(errors="replace")
     return Run(output, None if killed else proc.returncode, killed, text, isolated)
+
+
+def _drop(uid: int | None) -> list[str]:
+    return limits.drop_to(uid) if uid is not None else []
+
+
+def _readable_by_all(tree: Path) -> None:
+    """The child's own user id must read the tree (mkdtemp makes folders 0700); the tree is bound alone, so its
+    parents stay as they are. Nothing in it is a secret."""
+    for folder, _, files in os.walk(tree):
+        os.chmod(folder, os.stat(folder).st_mode | 0o555)
+        for name in files:
+            path = os.path.join(folder, name)
+            os.chmod(path, os.stat(path).st_mode | 0o444)
 
 
 def _read(proc, fd: int, deadline: float, item_limit: float) -> tuple[bytes, str]:
@@ -140,25 +179,38 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def _limits(timeout: float) -> list[str]:
-    """A POSIX shell that sets the rlimits, then execs the command (bwrap passes them on): memory (KiB), CPU
-    seconds, open files, file size (512-byte blocks), no core. (Not preexec_fn: the grader runs children from
-    several threads, and a fork there must not run Python.)"""
-    values = {"v": MEMORY_BYTES >> 10, "t": int(timeout) + 5, "n": OPEN_FILES, "f": FILE_BYTES >> 9, "c": 0}
-    limits = " && ".join(f"ulimit -{flag} {value}" for flag, value in values.items())  # dash takes one at a time
-    return ["/bin/sh", "-c", limits + ' && exec "$@"', "sh"]
-
-
-def _bwrap_args() -> list[str]:
-    """bwrap with a read-only system and Python, pagedlab's installed entries hidden, a private /tmp."""
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # fmt: skip
+def _bwrap_args(uid: int | None = None) -> list[str]:
+    """bwrap with a read-only system and Python, pagedlab's installed entries hidden, a private /tmp and /proc.
+    Run by root with a user id to drop to, it makes no user namespace (the child's user id is then a real one,
+    whose process count RLIMIT_NPROC bounds) and keeps the capabilities setpriv needs to drop them all."""
+    unshare = ["--unshare-all"] if uid is None else ["--unshare-pid", "--unshare-net", "--unshare-ipc",
+                                                     "--unshare-uts", "--unshare-cgroup-try"]  # fmt: skip
+    args = [
+        "bwrap",
+        *unshare,
+        "--die-with-parent",
+        "--new-session",
+        *(["--cap-drop", "ALL"] if uid is None else []),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(limits.TMP_BYTES),
+        "--tmpfs",
+        "/tmp",
+    ]
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         path = Path(top)
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), top]
         elif path.is_dir():
             args += ["--ro-bind", top, top]
+    parents = sorted({p for folder in python_folders() for p in folder.parents if p != Path("/")}, key=len_parts)
+    for parent in parents:  # a bind's missing parents would be made 0700: the child's own user id could not pass
+        args += ["--perms", "0755", "--dir", str(parent)]
     for folder in python_folders():
         args += ["--ro-bind", str(folder), str(folder)]
     for entry in pagedlab_entries():
@@ -166,17 +218,25 @@ def _bwrap_args() -> list[str]:
     return args
 
 
+def len_parts(path: Path) -> int:
+    return len(path.parts)
+
+
 @cache
 def python_folders() -> list[Path]:
-    """The Python install and every folder of site-packages, less any that is (or is inside) a pagedlab checkout."""
+    """The Python install and its site-packages folders, less any that is (or is inside) a pagedlab checkout. Only
+    those: never the folder the grader was started in (`python -m` puts it first on sys.path), nor PYTHONPATH's."""
     here = Path(__file__).resolve().parents[3]  # a checkout's root (src/pagedlab/course/sandbox.py)
     candidates = {Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).resolve().parent.parent}
-    candidates |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
+    candidates |= {Path(p) for p in sysconfig.get_paths().values()}
+    candidates |= {Path(p) for p in site.getsitepackages()}
     keep = set()
     for path in candidates:
+        if not path.is_dir():
+            continue
         path = path.resolve()
         if path.is_relative_to(here) and not path.is_relative_to(Path(sys.prefix).resolve()):
-            continue  # the checkout itself (its src/ on sys.path): never bound; a venv inside it is fine
+            continue  # the checkout itself: never bound; a venv inside it is fine
         if (path / "pagedlab" / "__init__.py").exists() or path.is_relative_to("/usr") or path == Path("/"):
             continue
         keep.add(path)

@@ -19,16 +19,29 @@ the teacher's, so edits elsewhere in the workspace change nothing.
 from __future__ import annotations
 
 import ast
+import os
 import shutil
+import stat
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pagedlab.course.regions import Region, copy_tests, file_regions, stub_body, whole_functions
+from pagedlab.course.regions import (
+    Region,
+    copy_student_tests,
+    file_regions,
+    stub_body,
+    stub_source,
+    unshipped_regions,
+    whole_functions,
+)
 from pagedlab.course.screening import screen
+from pagedlab.model.files import model_file, read_bounded
 
 _STUBBED_LAUNCHER = "(kernel stubbed: write it, then delete this line)"
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc", ".pytest_cache")
+SOURCE_LIMIT = 1 << 20  # bytes: the largest source file of the package is ~30 KiB
+MAX_NOTES = 50
 
 
 @dataclass
@@ -45,10 +58,11 @@ class Body:
 def read_bodies(root: Path, ws: Path, regions: list[Region]) -> tuple[dict[str, Body], list[str]]:
     """{task id: its Body} for the stage's regions, and notes on what changed outside them (ignored)."""
     bodies, notes = {}, []
+    later = [r for r in unshipped_regions(root, regions[0].stage) if r not in regions] if regions else []
     for path in sorted({r.path for r in regions}):
         mine = [r for r in regions if r.path == path]
-        ref_text = path.read_text()
-        found = _student_file(ws / path.relative_to(root), mine, bodies)
+        ref_text = handed_out(path, later)
+        found = _student_file(ws, path.relative_to(root), mine, bodies)
         if found is None:
             continue
         text, theirs = found
@@ -57,13 +71,21 @@ def read_bodies(root: Path, ws: Path, regions: list[Region]) -> tuple[dict[str, 
                 bodies[r.task_id] = _judge(r, ref_text, theirs[r.task_id])
         if _outside(text, list(theirs.values())) != _outside(ref_text, mine):
             notes.append(f"{path.relative_to(root)}: changes outside the task regions are ignored")
-    return bodies, notes + _other_changes(root, ws, {r.path.relative_to(root) for r in regions})
+    return bodies, notes + _other_changes(root, ws, {r.path.relative_to(root) for r in regions}, later)
 
 
-def _student_file(path: Path, regions: list[Region], bodies: dict) -> tuple[str, dict] | None:
-    """(the file's text, {task id: its region there}); a file or marker that is gone makes its tasks missing."""
+def handed_out(path: Path, later: list[Region]) -> str:
+    """The reference file as a student copy holds it outside the stage's own regions: later stages' stubbed."""
+    return stub_source(path.read_text(), [r for r in later if r.path == path])
+
+
+def _student_file(ws: Path, rel: Path, regions: list[Region], bodies: dict) -> tuple[str, dict] | None:
+    """(the file's text, {task id: its region there}); a file or marker that is gone makes its tasks missing, as
+    does a file that is not a regular file inside the workspace or is larger than any source file (a FIFO, a link
+    to /dev/zero or out of the workspace: read from nobody's folder, never opened)."""
+    path = ws / rel
     try:
-        text = path.read_text()
+        text = read_bounded(model_file(ws, str(rel), "task file", kind="workspace"), "task file", SOURCE_LIMIT).decode()
         found = {r.task_id: r for r in file_regions(path, text)}
     except (OSError, UnicodeDecodeError, ValueError) as e:
         for r in regions:
@@ -110,24 +132,38 @@ def _outside(text: str, regions) -> list[str]:
     return [line.strip() for i, line in enumerate(lines) if i not in inside and _STUBBED_LAUNCHER not in line]
 
 
-def _other_changes(root: Path, ws: Path, task_files: set[Path]) -> list[str]:
+def _other_changes(root: Path, ws: Path, task_files: set[Path], later: list[Region]) -> list[str]:
+    """Notes on the workspace's other .py files (ignored): new ones, changed ones. Walked without following links,
+    read only if regular and of a source file's size; at most MAX_NOTES of them."""
     notes = []
-    for path in sorted((ws / "src").rglob("*.py")):
-        rel = path.relative_to(ws)
-        if rel in task_files or "__pycache__" in rel.parts:
-            continue
-        ref = root / rel
-        if not ref.exists():
-            notes.append(f"{rel}: not in the reference; ignored")
-        elif path.read_bytes() != ref.read_bytes():
-            notes.append(f"{rel}: changed, but it holds no task of this stage; ignored")
+    for folder, dirs, files in os.walk(ws / "src"):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = Path(folder) / name
+            rel = path.relative_to(ws)
+            if rel not in task_files:
+                notes += _other_change(path, rel, root / rel, later)
+            if len(notes) >= MAX_NOTES:
+                return notes[:MAX_NOTES] + ["(more files changed; not listed)"]
     return notes
 
 
-def build_tree(root: Path, dest: Path, regions: list[Region], bodies: dict[str, list[str]], tests=False, hidden=None):
+def _other_change(path: Path, rel: Path, ref: Path, later: list[Region]) -> list[str]:
+    if not ref.exists():
+        return [f"{rel}: not in the reference; ignored"]
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > SOURCE_LIMIT:
+        return [f"{rel}: not a regular source file; ignored"]
+    if path.read_text(errors="replace") != handed_out(ref, later):
+        return [f"{rel}: changed, but it holds no task of this stage; ignored"]
+    return []
+
+
+def build_tree(root: Path, dest: Path, regions: list[Region], bodies: dict[str, list[str]], tests=None, hidden=None):
     """The teacher's src/ in `dest`, each region in `bodies` ({task id: body lines}) spliced in, every other
-    region of `regions` stubbed; the teacher's tests/ and pyproject.toml too when `tests` (and `hidden` as
-    tests/hidden/). Regions outside `regions` keep the teacher's code."""
+    region of `regions` stubbed; when `tests` is a stage number, that stage's student tests (never the grader's
+    own) and pyproject.toml too (and `hidden` as tests/hidden/). Regions outside `regions` keep the teacher's
+    code."""
     shutil.copytree(root / "src", dest / "src", ignore=_IGNORE)
     for path in sorted({r.path for r in regions}):
         lines = path.read_text().splitlines()
@@ -135,8 +171,8 @@ def build_tree(root: Path, dest: Path, regions: list[Region], bodies: dict[str, 
             body = bodies[r.task_id] if r.task_id in bodies else stub_body(lines, r)
             lines[r.start + 1 + r.header : r.end] = body
         (dest / path.relative_to(root)).write_text("\n".join(lines) + "\n")
-    if tests:
-        copy_tests(root, dest / "tests")
+    if tests is not None:
+        copy_student_tests(root, dest / "tests", tests)
         shutil.copy(root / "pyproject.toml", dest / "pyproject.toml")
     if hidden is not None:
         shutil.copytree(hidden, dest / "tests" / "hidden", ignore=_IGNORE)

@@ -33,12 +33,14 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, 
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
 
-def model_file(folder: str | Path, name: str, what: str = "file", required: bool = True) -> Path | None:
+def model_file(
+    folder: str | Path, name: str, what: str = "file", required: bool = True, kind: str = "model folder"
+) -> Path | None:
     """`folder / name`, once known to be a regular file that resolves inside `folder`.
 
-    `what` names the kind of file in messages ("safetensors file"); a missing file is a ValueError,
-    or None when not `required`. The path returned is the one asked for (symlinks unresolved), so
-    that messages name the file the user knows.
+    `what` names the kind of file in messages ("safetensors file"), `kind` the folder ("model folder", "workspace");
+    a missing file is a ValueError, or None when not `required`. The path returned is the one asked for (symlinks
+    unresolved), so that messages name the file the user knows.
     """
     path = Path(folder) / name
     if not os.path.lexists(path):
@@ -51,7 +53,7 @@ def model_file(folder: str | Path, name: str, what: str = "file", required: bool
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
         raise ValueError(f"{path}: {name} cannot be resolved ({e})") from None
     if not any(real.is_relative_to(root) for root in roots):
-        raise ValueError(f"{path}: {name} resolves outside the model folder (to {real})")
+        raise ValueError(f"{path}: {name} resolves outside the {kind} (to {real})")
     regular_file(path, what)
     return path
 
