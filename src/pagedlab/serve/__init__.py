@@ -5,6 +5,7 @@ Read with: chapters/08-online-serving.md.
 
     server.py    the FastAPI app, its routes, ThreadedServer (a notebook's or a test's), serve() (the command)
     protocol.py  OpenAI's request and response shapes, every field checked at the door
+    prompts.py   prompts rendered and tokenized before they are queued, in pools of threads of their own
     metrics.py   /metrics in Prometheus text with vLLM's names, /metrics/explain, and reading them back
     live.py      `--live`: the engine's steps in the terminal; `--explain-metrics`: ask a running server
 """
