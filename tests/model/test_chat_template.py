@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -126,7 +127,29 @@ def test_a_template_is_bounded_in_time_and_size_and_every_failure_names_chat_tem
         tok.apply_chat_template(CONVERSATIONS[0], chat_template="{{ messages[0].content }}", tokenize=False)
         == (CONVERSATIONS[0][0]["content"])
     )
-    assert chat_template._WORKER.proc.pid != os.getpid()
+    assert chat_template._POOL.workers[0].proc.pid != os.getpid()
+
+
+def test_a_template_that_runs_to_its_bound_holds_one_worker_not_every_render(monkeypatch):
+    """RENDER_WORKERS workers: while one template loops until it is killed, another conversation renders on the
+    other worker (one worker made it wait for the kill), and the loop's render is charged its own time only."""
+    monkeypatch.setattr(chat_template, "RENDER_TIMEOUT_S", 3.0)
+    loops = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+    started, stopped = threading.Event(), []
+
+    def slow():
+        started.set()
+        with pytest.raises(ValueError, match="longer than 3 s"):
+            chat_template.render(loops, CONVERSATIONS[0])
+        stopped.append(True)
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    started.wait(30)
+    assert chat_template.render("{{ messages[0].content }}", CONVERSATIONS[0]) == CONVERSATIONS[0][0]["content"]
+    assert stopped == []  # rendered while the loop still ran
+    worker.join(60)
+    assert stopped == [True]
 
 
 def test_llm_chat_answers_one_conversation_or_many_as_generate_would(folder):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
+import time
 
 import openai
 import pytest
@@ -172,6 +174,59 @@ def test_a_chat_template_that_misbehaves_is_a_400_and_the_server_lives(server, m
     monkeypatch.setattr(server.state, "chat_template", template)
     status, error = error_of(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert status == 400 and error["param"] == "chat_template" and words in error["message"], error
+    still_serving(server)
+
+
+def test_chat_templates_that_run_to_their_bound_never_delay_a_plain_completion(server, monkeypatch):
+    """Renders once ran in asyncio's one pool of threads, which tokenized plain prompts too: eight templates that
+    loop until their 5 s bound held every thread, and a completion that takes 0.04 s alone took about 14 s. Renders
+    have threads of their own now (serve/prompts.py PromptPools): a plain completion is served while every render
+    runs, and a chat request beyond those rendering and waiting is a 429 at once."""
+    monkeypatch.setattr(chat_template, "RENDER_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(server.state, "chat_template", NESTED_LOOPS)
+    pools = server.state.pools
+    monkeypatch.setattr(pools, "max_renders", chat_template.RENDER_WORKERS + 2)  # two wait: a short test
+    chats = min(32, (os.cpu_count() or 1) + 4) + 2  # more than asyncio's pool has threads
+    finished, lock = [], threading.Lock()  # (status, error, when) of each chat request
+
+    def chat():
+        try:
+            server.client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **GREEDY)
+            result = (200, None)
+        except openai.APIStatusError as e:
+            result = (e.status_code, e.body)
+        with lock:
+            finished.append((*result, time.monotonic()))
+
+    threads = [threading.Thread(target=chat) for _ in range(chats)]
+    for t in threads:
+        t.start()
+    refused = chats - pools.max_renders
+    wait_until(lambda: pools.renders == pools.max_renders and len(finished) == refused, seconds=30)
+    out = server.client.completions.create(prompt="ROMEO:", max_tokens=5, **GREEDY)
+    served = time.monotonic()
+    for t in threads:
+        t.join(60)
+    assert out.usage.completion_tokens == 5
+    rendered = [when for status, error, when in finished if status == 400 and "longer than 2 s" in error["message"]]
+    too_many = [(error, when) for status, error, when in finished if status == 429]
+    assert len(rendered) == pools.max_renders and len(too_many) == refused, finished
+    assert served < min(rendered)  # the plain completion did not wait for any render
+    assert max(when for _, when in too_many) < min(rendered)  # refused at once, not after a render
+    assert all(e["type"] == "RateLimitError" and e["code"] == 429 and "try again" in e["message"] for e, _ in too_many)
+    still_serving(server)
+
+
+def test_a_rendered_chat_prompt_too_long_is_refused_by_its_length_untokenized(server, monkeypatch):
+    """A template may render up to 4 Mi characters in milliseconds; tokenizing them took seconds. What cannot fit
+    the context is refused by its length in characters, as a plain prompt is."""
+    calls = []
+    encode = server.state.tokenizer.encode
+    monkeypatch.setattr(server.state.tokenizer, "encode", lambda *a, **k: calls.append(1) or encode(*a, **k))
+    monkeypatch.setattr(server.state, "chat_template", "{{ 'x' * 4000000 }}")
+    status, error = error_of(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and error["param"] == "messages" and calls == [], error
+    assert "maximum context length is 1024 tokens" in error["message"] and "4000000 characters" in error["message"]
     still_serving(server)
 
 

@@ -17,7 +17,8 @@ on one thread, the report, the figure and the rows beside it in one run
 (figures/NN_NAME.png and .json), the duration; with `--json`, stdout carries
 exactly one object {"bench": NAME, "rows": [...]} and the rest goes to stderr.
 Each row has the fields chapters/97-architecture.md (Benchmarks) lists, null
-where they do not apply, fractions as 0-1 numbers and times in seconds.
+where they do not apply, fractions as 0-1 numbers and times in seconds. The
+`pagedlab bench` sub-command, its arguments and their checks: bench/cli.py.
 """
 
 from __future__ import annotations

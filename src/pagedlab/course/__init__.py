@@ -23,4 +23,5 @@ Read with: chapters/98-assignments.md.
     batch.py           `pagedlab assignment grade-all`: a batch, a CSV, similarity flags
     similarity.py      how alike two bodies are, names and literals abstracted
     gradescope.py      `pagedlab assignment gradescope`: the autograder zip Gradescope runs
+    cli.py             the `pagedlab assignment` sub-command: its actions' arguments, and what each runs
 """

@@ -13,12 +13,14 @@ to Python internals and any mutation of the objects passed in, as transformers d
 
 The sandbox does not bound time or size: two nested loops never end, and a loop of string
 repetitions fills the memory. So the template runs in a worker process of its own
-(model/template_worker.py), one per Python process, started on first use: limited to
-512 MiB of address space and MAX_RENDER_CHARS of output, and killed (then restarted on the next
-render) when it takes longer than RENDER_TIMEOUT_S. Every failure, whatever the template did,
-is a ValueError that starts with "chat_template:".
+(model/template_worker.py), started on first use: limited to 512 MiB of address space and
+MAX_RENDER_CHARS of output, and killed (then restarted on the next render) when it takes longer
+than RENDER_TIMEOUT_S. Every failure, whatever the template did, is a ValueError that starts with
+"chat_template:". A Python process has RENDER_WORKERS such workers, each rendering one template at
+a time, so one template that runs to its bound holds one worker, not every render; a render's
+deadline starts when its worker takes it, so its own time is all it is charged.
 
-    render(template, messages) --frame--> worker: compile (cached), generate, count characters
+    render(template, messages) --frame--> an idle worker: compile (cached), generate, count characters
                    <--frame-- {"text"} | {"error"}     no frame before the deadline: kill
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import select
 import struct
 import subprocess
@@ -40,6 +43,7 @@ from pagedlab.sampling_params import check_text
 MAX_TEMPLATE_CHARS = 1 << 20  # a chat template's source; real ones are a few KB
 MAX_RENDER_CHARS = 1 << 22  # a rendered prompt; far beyond any model's context
 RENDER_TIMEOUT_S = 5.0  # a rendering takes milliseconds; past this it is killed
+RENDER_WORKERS = 2  # worker processes per Python process; a render waits for an idle one
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -79,7 +83,7 @@ def render(template: str, messages: list[dict], add_generation_prompt: bool = Fa
     job = {"template": check_text(template, "chat_template"), "messages": messages, "context": context,
            "add_generation_prompt": add_generation_prompt, "max_chars": MAX_RENDER_CHARS}  # fmt: skip
     try:
-        reply = _WORKER.run(job, RENDER_TIMEOUT_S)
+        reply = _POOL.run(job, RENDER_TIMEOUT_S)
     except TypeError as e:  # a context value JSON cannot carry
         raise ValueError(f"chat_template: the template's variables must be plain data ({e})") from None
     if "error" in reply:
@@ -87,9 +91,31 @@ def render(template: str, messages: list[dict], add_generation_prompt: bool = Fa
     return reply["text"]
 
 
+class _Pool:
+    """RENDER_WORKERS workers; a render takes an idle one, waiting if there is none (each is idle again within
+    RENDER_TIMEOUT_S). The last one freed is taken first, so renders one at a time keep to one process."""
+
+    def __init__(self, size: int):
+        self.workers = [_Worker() for _ in range(size)]
+        self.idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+        for worker in reversed(self.workers):
+            self.idle.put(worker)
+
+    def run(self, job: dict, timeout: float) -> dict:
+        worker = self.idle.get()
+        try:
+            return worker.run(job, timeout)
+        finally:
+            self.idle.put(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+
 class _Worker:
-    """One worker process, shared by every render of this process (one at a time). Invariant: `proc` is None or
-    a live worker of this process waiting for its next frame."""
+    """One worker process, rendering one template at a time. Invariant: `proc` is None or a live worker of this
+    process waiting for its next frame."""
 
     def __init__(self):
         self.proc: subprocess.Popen | None = None
@@ -164,5 +190,5 @@ class _Worker:
             self._stop()
 
 
-_WORKER = _Worker()
-atexit.register(_WORKER.close)
+_POOL = _Pool(RENDER_WORKERS)
+atexit.register(_POOL.close)

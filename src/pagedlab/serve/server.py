@@ -1,7 +1,7 @@
 """Serving: `pagedlab serve`, an OpenAI-compatible HTTP server around one engine loop.
 
 Builds on: engine/async_engine.py (the engine thread), serve/protocol.py (requests checked, responses
-built), serve/metrics.py (/metrics, /metrics/explain).
+built), serve/prompts.py (prompts rendered and tokenized), serve/metrics.py (/metrics, /metrics/explain).
 Read with: chapters/08-online-serving.md.
 
     GET  /health                   200 while the engine loop runs
@@ -13,10 +13,12 @@ Read with: chapters/08-online-serving.md.
 
 A request's body (at most --max-body-bytes) and fields are checked before it is
 queued, and its prompt is rendered and tokenized in a worker thread, never on the
-event loop or the engine thread; a bad one gets HTTP 400 with OpenAI's error JSON
-({"error": {"message", "type", "param", "code"}}) and the requests already running
-never notice. A client that goes away, streaming or not, has its request aborted,
-and its blocks freed, in the engine's next loop.
+event loop or the engine thread (serve/prompts.py: chat templates render in threads
+of their own, so a slow template never delays a prompt that needs none); a bad one
+gets HTTP 400 with OpenAI's error JSON ({"error": {"message", "type", "param",
+"code"}}) and the requests already running never notice. A client that goes away,
+streaming or not, has its request aborted, and its blocks freed, in the engine's
+next loop.
 vLLM: vllm/entrypoints/openai/api_server.py and its serving_*.py files.
 """
 
@@ -37,6 +39,7 @@ from pagedlab.engine.async_engine import AsyncEngine
 from pagedlab.model.chat_template import load_chat_template
 from pagedlab.serve import protocol as api
 from pagedlab.serve.metrics import MetricsExporter, explain_hit_rate, parse_metrics
+from pagedlab.serve.prompts import PromptPools, chat_prompt, tokenized
 from pagedlab.serve.protocol import BadRequest
 
 
@@ -50,6 +53,7 @@ class ServerState:
     metrics: MetricsExporter
     started: float
     max_body_bytes: int = api.DEFAULT_MAX_BODY_BYTES  # a longer request body is refused (413) unread
+    pools: PromptPools = field(default_factory=PromptPools)  # where prompts are rendered and tokenized
     ids: itertools.count = field(default_factory=itertools.count)
 
 
@@ -59,7 +63,8 @@ def create_app(state: ServerState):
 
     @app.exception_handler(BadRequest)
     async def bad_request(_request, exc: BadRequest):
-        kind = {404: "NotFoundError", 413: "RequestTooLargeError"}.get(exc.status, "BadRequestError")
+        kinds = {404: "NotFoundError", 413: "RequestTooLargeError", 429: "RateLimitError"}
+        kind = kinds.get(exc.status, "BadRequestError")
         body = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}}
         return JSONResponse(body, status_code=exc.status)
 
@@ -85,56 +90,17 @@ def create_app(state: ServerState):
     async def completions(request: Request):
         body = await api.read_json(request, state.max_body_bytes)
         prompt = api.completion_prompt(body)
-        prompt = await asyncio.to_thread(_tokenized, state, prompt)  # never on the engine thread, never here
+        prompt = await state.pools.tokenized(tokenized, state, prompt)  # never on the engine thread, never here
         return await _serve(state, request, body, prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         body = await api.read_json(request, state.max_body_bytes)
         messages = api.chat_messages(body)
-        prompt = await asyncio.to_thread(_chat_prompt, state, messages)  # the template runs bounded, off the loop
+        prompt = await state.pools.rendered(chat_prompt, state, messages)  # the template runs bounded, off the loop
         return await _serve(state, request, body, prompt, chat=True)
 
     return app
-
-
-def _tokenized(state: ServerState, prompt) -> dict | list[int]:
-    """A text prompt as {"prompt", "prompt_token_ids"}, its length checked before anything is queued (a text
-    that cannot fit is refused by its length in characters first, as vLLM does, without tokenizing it)."""
-    if isinstance(prompt, list):
-        if len(prompt) >= state.max_model_len:
-            raise api.too_long(len(prompt), state.max_model_len)
-        return prompt
-    tokenizer = state.tokenizer
-    if tokenizer is None:
-        return prompt  # the engine refuses text for a model without a tokenizer, with its own message
-    bound = (state.max_model_len - 1) * tokenizer.max_chars_per_token
-    if len(prompt) > bound:
-        raise BadRequest(
-            f"prompt: This model's maximum context length is {state.max_model_len} tokens. However, your prompt "
-            f"contains {len(prompt)} characters (more than {bound} characters, which is the upper bound for "
-            f"{state.max_model_len - 1} input tokens). Please reduce the length of the input prompt.",
-            "prompt",
-        )
-    ids = tokenizer.encode(prompt)
-    if len(ids) >= state.max_model_len:
-        raise api.too_long(len(ids), state.max_model_len)
-    return {"prompt": prompt, "prompt_token_ids": ids}
-
-
-def _chat_prompt(state: ServerState, messages: list[dict]) -> list[int]:
-    if state.tokenizer is None:
-        raise BadRequest("messages: this model has no tokenizer, so it has no chat template", "messages")
-    try:
-        text = state.tokenizer.apply_chat_template(
-            messages, chat_template=state.chat_template, tokenize=False, add_generation_prompt=True
-        )
-    except ValueError as e:  # "chat_template: ..." whatever the template did
-        raise BadRequest.of(e) from None
-    ids = state.tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) >= state.max_model_len:
-        raise api.too_long(len(ids), state.max_model_len)
-    return ids
 
 
 async def _serve(state: ServerState, request: Request, body: dict, prompt, chat: bool):
@@ -313,6 +279,7 @@ class ThreadedServer:
         self.server.should_exit = True
         self.thread.join(30)
         self.state.engine.shutdown()
+        self.state.pools.close()
 
 
 def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> int:
@@ -339,4 +306,5 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_lev
         asyncio.run(server.serve())
     finally:
         state.engine.shutdown()
+        state.pools.close()
     return server._captured_signals[-1] if server._captured_signals else 0

@@ -2,6 +2,10 @@
 
 Builds on: everything (the CLI only wires parts together; tools/demo.py draws the live view).
 Read with: README.md.
+
+The sub-commands of an app are that app's own: `bench` is added by bench/cli.py, `serve` by serve/cli.py,
+`assignment` by course/cli.py, each with its arguments and the function it runs; the rest are the tools' own,
+here. Every function a sub-command runs returns its exit status; `main` turns a user's mistake into one line.
 """
 
 from __future__ import annotations
@@ -9,7 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
+
+from pagedlab.bench.cli import add_command as bench_command
+from pagedlab.course.cli import add_command as assignment_command
+from pagedlab.serve.cli import add_command as serve_command
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -110,51 +117,6 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
     print(describe(default_stage() if args.stage is None else args.stage))
     return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from pagedlab.bench import run_bench
-    from pagedlab.config import DTYPES, parse_bytes
-
-    options = {} if args.repeats is None else {"repeats": args.repeats}
-    if args.kv_budget is not None:
-        options["kv_budgets"] = (parse_bytes(args.kv_budget, "--kv-budget"),)
-    if args.dtype is not None:
-        options["dtypes"] = tuple(d.strip() for d in args.dtype.split(","))
-        bad = [d for d in options["dtypes"] if d not in DTYPES]
-        if bad or not options["dtypes"]:
-            raise ValueError(f"--dtype: {args.dtype!r}: each of a comma list must be one of {tuple(DTYPES)}")
-    if args.device is not None:
-        options["device"] = args.device
-    if args.peer is not None:
-        options["peer"] = args.peer
-    options.update(_trace_options(args))
-    if args.url is not None or args.model is not None:
-        if args.name != "serve":
-            raise ValueError(f"--url: only the serve bench loads another server, not {args.name}")
-        options |= {"url": args.url, "model": args.model}
-    figure = not args.no_figure and args.url is None  # the committed figure is pagedlab's own servers'
-    run_bench(args.name, as_json=args.json, figure=figure, threads=args.threads, **options)
-    return 0
-
-
-def _trace_options(args: argparse.Namespace) -> dict:
-    """`bench traces`'s own options (a comma list each); run_bench refuses them for any other bench."""
-    given = {
-        "traces": args.trace and [args.trace],
-        "policies": args.policies and args.policies.split(","),
-        "pool_sizes": args.pool_sizes and [_count(s, "--pool-sizes") for s in args.pool_sizes.split(",")],
-        "concurrency": args.concurrency,
-        "jobs": args.jobs,
-    }
-    return {k: v for k, v in given.items() if v is not None}
-
-
-def _count(text: str, flag: str) -> int:
-    try:
-        return int(text.strip().replace("_", ""))
-    except ValueError:
-        raise ValueError(f"{flag}: {text!r} is not a whole number (a comma list, e.g. 1024,4096)") from None
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
@@ -349,181 +311,6 @@ def _add_generate(sub) -> None:
     gen.set_defaults(func=_cmd_generate)
 
 
-def _cmd_assignment(args: argparse.Namespace) -> int:
-    import json
-
-    from pagedlab.course import assignment, batch, gradescope, grading
-    from pagedlab.stages import STAGES
-
-    if args.action == "make":
-        out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)
-        tasks = json.loads((out / "assignment.json").read_text())["tasks"]
-        print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
-        return 0
-    if args.action == "check":
-        rows = assignment.check_stages([int(n) for n in args.stages] or list(STAGES), extra_tests=args.extra_tests)
-        print(assignment.check_table(rows))
-        return 0 if all(r["reference"] == r["max_score"] and r["untouched"] <= r["max_score"] / 10 for r in rows) else 1
-    if args.action == "gradescope":
-        for path in gradescope.write_gradescope(args.stage, args.out):
-            print(f"wrote {path}")
-        return 0
-    limits = {"per_test_timeout": args.timeout, "total_timeout": args.total_timeout, "extra_tests": args.extra_tests,
-              "run_feedback": not args.no_feedback}  # fmt: skip
-    if args.action == "grade-all":
-        found = batch.grade_all(args.dir, args.stage, args.csv, args.threshold, seed=args.seed, **limits)
-        return 0 if all("error" not in r for r in found["rows"]) else 1
-    try:
-        result = grading.grade(args.dir, args.stage, seed=args.seed, **limits)
-    except Exception as e:  # Gradescope needs its JSON even when grading itself fails
-        if args.json is None:
-            raise
-        result = grading.failed_grading(f"{type(e).__name__}: {e}")
-    if args.json is not None:
-        text = json.dumps(gradescope.gradescope_json(result), indent=1)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
-    grading.print_grades(result)
-    return 0 if result["tests"] and result["score"] == result["max_score"] else 1
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    import signal
-
-    from pagedlab import serve
-
-    if args.explain_metrics:
-        print(serve.explain_from(args.url or f"http://{args.host}:{args.port}"), end="")
-        return 0
-    engine_args = {name: getattr(args, name) for name in SERVE_ENGINE_ARGS if getattr(args, name) is not None}
-    if args.no_prefix_caching:
-        engine_args["enable_prefix_caching"] = False
-    live = serve.LiveView() if args.live else None
-    if live is not None:
-        engine_args.update(record_trace=True, max_trace_steps=64)
-    state = serve.build_state(args.model, engine_args, args.chat_template, live, max_body_bytes=args.max_body_bytes)
-    print(
-        f"serving {state.model_name} at http://{args.host}:{args.port}/v1 (stage {state.engine.engine.config.stage}, "
-        f"max_model_len {state.max_model_len}); /metrics, /metrics/explain; Ctrl-C stops",
-        file=sys.stderr,
-    )
-    if live is None:
-        sig = serve.serve(state, args.host, args.port)
-    else:
-        with live:
-            sig = serve.serve(state, args.host, args.port)
-    if sig:
-        print(f"stopped by {signal.Signals(sig).name}: requests in flight were aborted", file=sys.stderr)
-    return 0
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
-# `pagedlab serve` options passed to LLM(...) as engine settings.
-SERVE_ENGINE_ARGS = (
-    "stage", "block_size", "num_kv_blocks", "kv_cache_memory", "max_model_len", "max_num_seqs",
-    "max_num_batched_tokens", "long_prefill_token_threshold", "preemption_mode", "num_swap_blocks",
-    "scheduling_policy", "attention_backend", "seed",
-)  # fmt: skip
-
-
-def _add_serve(sub) -> None:
-    s = sub.add_parser(
-        "serve",
-        help="an OpenAI-compatible server (/v1/completions, /v1/chat/completions, streaming, /metrics)",
-        description="Serve a model over HTTP with OpenAI's API; continuous batching across the clients. "
-        "GET /metrics (Prometheus, vLLM's names), /metrics/explain, /health, /v1/models.",
-    )
-    s.add_argument("--model", default="tiny-shakespeare", help="a model name (tiny-shakespeare, smollm2-135m-instruct) "
-                   "or a Hugging Face folder")  # fmt: skip
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--chat-template", default=None, help="a Jinja chat template (file or text) for models without one")
-    s.add_argument("--live", action="store_true", help="draw the engine's steps in the terminal as clients come and go")
-    s.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20, metavar="N",
-                   help="refuse (413) a request body longer than N bytes, unread (default 1 MiB)")  # fmt: skip
-    s.add_argument(
-        "--explain-metrics",
-        action="store_true",
-        help="ask a running server (--url, else --host/--port) why its prefix-cache hit rate is what it is",
-    )
-    s.add_argument("--url", default=None, help="with --explain-metrics: the server's address")
-    s.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off (stage 4+)")
-    for name in SERVE_ENGINE_ARGS:
-        kind = str if name in ("stage", "preemption_mode", "scheduling_policy", "attention_backend") else int
-        kind = str if name == "kv_cache_memory" else kind
-        s.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=argparse.SUPPRESS)
-    s.set_defaults(func=_cmd_serve)
-
-
-def _add_assignment(sub) -> None:
-    from pagedlab.course.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
-    from pagedlab.course.similarity import THRESHOLD
-
-    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one or a batch")
-    actions = a.add_subparsers(dest="action", required=True)
-    make = actions.add_parser("make", help="write a student workspace with stage N's tasks stubbed")
-    make.add_argument("stage", help="stage number or name")
-    make.add_argument("--out", required=True, help="new or empty folder")
-    make.add_argument("--with-solutions", action="store_true", help="a teacher's copy: nothing removed")
-    grade = actions.add_parser(
-        "grade",
-        help="grade a workspace: each task's scenarios, run on its body in a sandbox, compared with the reference's",
-    )
-    grade.add_argument("dir", help="a folder written by `assignment make` (nothing in it is trusted)")
-    grade.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        default=None,
-        metavar="FILE",
-        help="write Gradescope's results.json to FILE (stdout without one), even if grading fails",
-    )
-    batch = actions.add_parser(
-        "grade-all", help="grade every submission in a folder (one seed), flag near-identical bodies, write a CSV"
-    )
-    batch.add_argument("dir", help="a folder holding one folder per submission")
-    batch.add_argument("--csv", default=None, metavar="FILE", help="write one row per submission to FILE")
-    batch.add_argument(
-        "--threshold", type=float, default=THRESHOLD, help="similarity (0..1, names and literals abstracted) to flag"
-    )
-    for p in (grade, batch):
-        p.add_argument("--stage", required=True, help="the stage to grade as (the teacher's word, not the folder's)")
-        p.add_argument("--extra-tests", default=None, help="a folder of hidden tests (each tagged with a task)")
-        p.add_argument("--timeout", type=float, default=PER_TEST_TIMEOUT, help="seconds per scenario case or test")
-        p.add_argument("--total-timeout", type=float, default=TOTAL_TIMEOUT, help="seconds for one grading")
-        p.add_argument("--seed", type=int, default=None, help="the seeded cases' seed (default: drawn now)")
-        p.add_argument("--no-feedback", action="store_true", help="skip running the tests of tasks that lost points")
-    check = actions.add_parser(
-        "check", help="grade an untouched copy and the reference of each stage: <= 10 %% and 100 %%, and how long"
-    )
-    check.add_argument("stages", nargs="*", help="stage numbers (default: all)")
-    check.add_argument("--extra-tests", default=None, help="hidden tests to check (each file must tag a task)")
-    gs = actions.add_parser("gradescope", help="write an autograder's setup.sh and run_autograder for stage N")
-    gs.add_argument("stage", help="stage number or name")
-    gs.add_argument("--out", required=True, help="new or empty folder")
-    a.set_defaults(func=_cmd_assignment)
-
-
-def _add_trace_arguments(bench: argparse.ArgumentParser) -> None:
-    """The options of `pagedlab bench traces` (chapters/04-prefix-caching.md, Real traffic)."""
-    bench.add_argument("--trace", default=None, help="traces: conversation or synthetic (default: both)")
-    bench.add_argument("--policies", default=None, help="traces: a comma list of lru,fifo,lfu,slru,min (default: all)")
-    bench.add_argument(
-        "--pool-sizes", default=None, help="traces: pool sizes in blocks of 512 tokens, a comma list (default: 512 "
-        "to 65536, doubling)"
-    )  # fmt: skip
-    bench.add_argument("--concurrency", type=int, default=None, help="traces: requests in flight at most (default 1)")
-    bench.add_argument("--jobs", type=int, default=None, help="traces: replays at once, one process each (default 2)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -567,47 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("--stage", default=None, help="number or name (default: continuous)")
     desc.set_defaults(func=_cmd_describe)
 
-    from pagedlab.bench import BENCHES
-
-    figured = ", ".join(b.name for b in BENCHES.values() if b.figure)
-    bench = sub.add_parser(
-        "bench",
-        help="the paper's measurements at our scale: memory, sharing, prefix, throughput, ... (seconds to minutes)",
-        description="The vLLM paper's measurements at our scale. Roughly, on a quiet 2-core CPU:\n"
-        + "".join(f"  {b.name:<11} {b.duration}\n" for b in BENCHES.values())
-        + f"A busy machine takes longer. {figured} also write their figure,\n"
-        "figures/NN_NAME.png, and the rows it was drawn from, figures/NN_NAME.json; the chapters quote\n"
-        "the committed ones (`git checkout figures/` restores them).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    bench.add_argument("name", metavar="NAME", help="which bench: " + ", ".join(BENCHES))
-    bench.add_argument("--json", action="store_true", help="stdout: exactly one JSON object; tables go to stderr")
-    bench.add_argument("--no-figure", action="store_true", help="write neither the figure nor its JSON")
-    rounds = {b.name: b.repeats for b in BENCHES.values() if b.repeats}
-    repeats_help = ", ".join(rounds) + ": rounds of runs (default " + ", ".join(map(str, rounds.values())) + ")"
-    bench.add_argument("--repeats", type=int, default=None, help=repeats_help)
-    bench.add_argument("--threads", type=int, default=1, help="torch threads while it measures (default 1)")
-    bench.add_argument(
-        "--kv-budget",
-        default=None,
-        metavar="BYTES",
-        help="real: give every system this many bytes of KV cache (e.g. 64MiB) instead of sweeping the default budgets",
-    )
-    bench.add_argument("--dtype", default=None, help="real: float32 (default), bfloat16, or both as "
-                       "'float32,bfloat16'; kernel: only these of its dtypes")  # fmt: skip
-    bench.add_argument("--device", default=None, help="real: cpu (default) or cuda (every system on the GPU)")
-    bench.add_argument(
-        "--peer",
-        default=None,
-        choices=["vllm"],
-        help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
-    )
-    _add_trace_arguments(bench)
-    bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
-                       "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
-    bench.add_argument("--model", default=None, help="serve --url: the model to ask for (default: the first listed)")
-    bench.set_defaults(func=_cmd_bench)
-
+    bench_command(sub)
     figs = sub.add_parser(
         "figures",
         help="regenerate every committed figure: the chapters' scenarios, and the benches' from their JSON",
@@ -620,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     figs.set_defaults(func=_cmd_figures)
 
-    _add_assignment(sub)
-    _add_serve(sub)
+    assignment_command(sub)
+    serve_command(sub)
     tiny = sub.add_parser("train-tiny", help="retrain the bundled tiny-shakespeare model (a few minutes on CPU)")
     tiny.add_argument("--out", default=None, help="output folder (default: overwrite the bundled model)")
     tiny.add_argument("--steps", type=int, default=1000)
