@@ -129,6 +129,18 @@ def test_a_line_longer_than_a_request_can_be_is_refused_before_it_is_parsed(tmp_
         load_trace(write(tmp_path, [line, line + " " * 40], "long.jsonl"))
 
 
+def test_every_member_of_a_gzip_file_is_read(tmp_path):
+    # `cat a.gz b.gz > c.gz` is one file to gzip and to Python's gzip module: both members' requests are read
+    first, second = (gzip.compress((json.dumps(ok(ids, t=t)) + "\n").encode()) for ids, t in (((1, 2), 0), ((1, 3), 1)))
+    for name, data, requests in (("two", first + second, 2), ("padded", first + second + b"\0" * 512, 2)):
+        (tmp_path / f"{name}.jsonl.gz").write_bytes(data)  # zero padding after the last member, as gzip allows
+        assert len(gzip.decompress(data).splitlines()) == requests
+        assert [r.hash_ids for r in load_trace(tmp_path / f"{name}.jsonl.gz")] == [(1, 2), (1, 3)]
+    (tmp_path / "tail.jsonl.gz").write_bytes(first + b"not gzip")
+    with pytest.raises(ValueError, match="tail.jsonl.gz: not a readable gzip file"):
+        load_trace(tmp_path / "tail.jsonl.gz")
+
+
 def test_a_trace_path_must_name_a_regular_file(tmp_path):
     os.symlink("/dev/zero", tmp_path / "zero.jsonl")
     with pytest.raises(ValueError, match="zero.jsonl is a character device, not a regular file"):

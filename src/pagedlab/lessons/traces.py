@@ -15,14 +15,16 @@ hash chain, remapped to small integers). No text and no token ids.
 and that the ids form a tree: an id always follows the same id. The bundled
 traces are gzipped package data; a path to a trace of the same format, gzipped
 or not, is read the same way, through the bounded reader. What a file can make
-the reader hold is bounded: the file's bytes (FILE_LIMIT), its text once
-unzipped (TEXT_LIMIT), a line (LINE_LIMIT), and each number (LIMITS), so
+the reader hold is bounded: the file's bytes (FILE_LIMIT), every gzip member's
+text together (TEXT_LIMIT), a line (LINE_LIMIT), and each number (LIMITS), so
 that no count in a line (an answer of 10**12 tokens) becomes blocks nobody can
 hold.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import zlib
 from dataclasses import dataclass
@@ -104,16 +106,17 @@ def _lines(data: bytes, path) -> list[str]:
 
 
 def gunzip(data: bytes, path) -> bytes:
-    """A gzip file's text, unzipped no further than TEXT_LIMIT."""
-    unzip = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    """Every member of a gzip file, joined, as the gzip command and Python's gzip module read it (`cat a.gz b.gz`
+    is one file to both; zero bytes after the last member are padding), unzipped no further than TEXT_LIMIT."""
     try:
-        text = unzip.decompress(data, TEXT_LIMIT + 1)
-    except zlib.error as e:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            text = f.read(TEXT_LIMIT + 1)  # each member inflated piece by piece: a bomb stops here
+    except EOFError:
+        raise ValueError(f"{path}: not a readable gzip file (it ends early)") from None
+    except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError: trailing bytes that are not a member
         raise ValueError(f"{path}: not a readable gzip file ({e})") from None
-    if len(text) > TEXT_LIMIT or unzip.unconsumed_tail:
+    if len(text) > TEXT_LIMIT:
         raise ValueError(f"{path}: over {_size(TEXT_LIMIT)} once unzipped, the limit for a trace")
-    if not unzip.eof:
-        raise ValueError(f"{path}: not a readable gzip file (it ends early)")
     return text
 
 
