@@ -141,6 +141,18 @@ def test_every_member_of_a_gzip_file_is_read(tmp_path):
         load_trace(tmp_path / "tail.jsonl.gz")
 
 
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x1c", "\x0b", "\x0c"])
+def test_a_line_ends_at_a_newline_only(tmp_path, char):
+    # JSON allows these raw inside a string; str.splitlines() would end a line at each of them
+    noted = json.dumps({**ok(), "note": f"a{char}b"}, ensure_ascii=False)
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(f"{noted}\r\n{json.dumps(ok(t=1))}\n{char}\n".encode())
+    with pytest.raises(ValueError, match="line 3: not a JSON object"):  # the line numbers are the file's
+        load_trace(path)
+    path.write_bytes(f"{noted}\r\n{json.dumps(ok(t=1))}\n".encode())
+    assert len(load_trace(path)) == 2
+
+
 def test_a_trace_path_must_name_a_regular_file(tmp_path):
     os.symlink("/dev/zero", tmp_path / "zero.jsonl")
     with pytest.raises(ValueError, match="zero.jsonl is a character device, not a regular file"):

@@ -18,7 +18,7 @@ or not, is read the same way, through the bounded reader. What a file can make
 the reader hold is bounded: the file's bytes (FILE_LIMIT), every gzip member's
 text together (TEXT_LIMIT), a line (LINE_LIMIT), and each number (LIMITS), so
 that no count in a line (an answer of 10**12 tokens) becomes blocks nobody can
-hold.
+hold. Lines end at "\n" only, as JSON Lines says (U+2028 is text in a string).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ ID_LIMIT = 1 << 64  # a hash id is a remapped block hash: 0 <= id < 2**64
 LINE_LIMIT = 1 << 20
 LIMITS = {"timestamp": (0, (1 << 63) - 1), "input_length": (1, TOKEN_LIMIT), "output_length": (0, TOKEN_LIMIT)}
 FIELDS = (*LIMITS, "hash_ids")
+JSON_SPACE = " \t\r\n"  # JSON's whitespace, and only it: str.strip() would also drop U+2028 or \x1c
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,7 @@ def load_trace(name_or_path: str) -> tuple[TraceRequest, ...]:
 
 def parse_trace(data: bytes, path) -> tuple[TraceRequest, ...]:
     """A trace file's bytes (gzipped or not), every line checked; in arrival order."""
-    requests = [parse_line(line, path, n) for n, line in enumerate(_lines(data, path), 1) if line.strip()]
+    requests = [parse_line(line, path, n) for n, line in enumerate(_lines(data, path), 1) if line.strip(JSON_SPACE)]
     if not requests:
         raise ValueError(f"{path}: no requests in the trace")
     check_tree(requests, path)
@@ -102,7 +103,9 @@ def _lines(data: bytes, path) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: a trace is UTF-8 text ({e.reason} at byte {e.start})") from None
-    return text.splitlines()
+    # "\n" only: str.splitlines() also ends a line at U+2028, U+2029, \x85, \x1c..\x1e, \v and \f, which JSON
+    # allows raw inside a string (and "\r\n" leaves a "\r" that JSON reads as whitespace)
+    return text.split("\n")
 
 
 def gunzip(data: bytes, path) -> bytes:
