@@ -153,6 +153,19 @@ def test_a_line_ends_at_a_newline_only(tmp_path, char):
     assert len(load_trace(path)) == 2
 
 
+def test_a_rewritten_file_is_read_again(tmp_path):
+    path = write(tmp_path, [ok((1, 2))])
+    first = load_trace(path)
+    assert first[0].hash_ids == (1, 2) and load_trace(str(path)) is first  # unchanged: parsed once
+    stat = path.stat()
+    write(tmp_path, [ok((1, 3))])  # the same size, and the same mtime set back: only the bytes tell
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert load_trace(path)[0].hash_ids == (1, 3)
+    write(tmp_path, [ok((1, 2))])
+    assert load_trace(path) is first  # the first content again: still cached
+
+
 def test_a_trace_path_must_name_a_regular_file(tmp_path):
     os.symlink("/dev/zero", tmp_path / "zero.jsonl")
     with pytest.raises(ValueError, match="zero.jsonl is a character device, not a regular file"):
