@@ -73,6 +73,16 @@ def test_a_wheel_with_another_hash_is_refused(fake, tmp_path):
     assert not vllm_peer.vllm_home(source).exists()
 
 
+def test_the_environment_is_installed_by_hash_from_the_lock():
+    command = fetch_vllm.install_command(Path("/venv/bin/python"), Path("/venv/vllm-ref.lock.txt"))
+    assert command[:4] == ["/venv/bin/python", "-m", "pip", "install"]
+    assert {"--require-hashes", "--no-deps", "--only-binary=:all:"} <= set(command)
+    assert command[-2:] == ["-r", "/venv/vllm-ref.lock.txt"]
+    lock = vllm_peer.lock_text()
+    for requirement in vllm_peer.requirements():  # each pin of vllm-ref.txt, followed by its hashes
+        assert re.search(rf"^{re.escape(requirement)} \\\n    --hash=sha256:[0-9a-f]{{64}}", lock, re.M), requirement
+
+
 def test_the_vllm_ref_extra_is_the_environments_list():
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib is Python 3.11's; pagedlab runs on 3.10)
     block = text[text.index("\nvllm-ref = [") :]

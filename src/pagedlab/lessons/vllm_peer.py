@@ -8,8 +8,9 @@ vLLM is never imported into pagedlab's process: it pins its own versions of half
 dependencies. `pagedlab fetch vllm` (tools/fetch.py) makes, under the cache,
 
     vllm/0.33.0/src/vllm/...      the Python sources of the pinned PyPI wheel (no compiled file)
-    vllm/0.33.0/venv/             an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt);
-                                  torch is pagedlab's own CPU build, found through a .pth file
+    vllm/0.33.0/venv/             an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt),
+                                  installed by hash (data/vllm-ref.lock.txt); torch is pagedlab's own CPU
+                                  build, found through a .pth file
     vllm/0.33.0/.complete         written last: the wheel, its sha256, and the sources' count and bytes
 
 and `run_vllm` starts the driver there once for any number of recordings (its import takes most of the
@@ -48,6 +49,7 @@ COMPLETE = ".complete"
 NOT_FETCHED = "not fetched yet"
 DRIVER = "vllm_driver.py"  # beside this file; run by path, never imported
 REQUIREMENTS = "vllm-ref.txt"  # package data: what the environment installs
+LOCK = "vllm-ref.lock.txt"  # package data: the same, with the sha256 of every wheel pip may pick (scripts/)
 
 
 def vllm_home(source: VllmSource = VLLM) -> Path:
@@ -66,6 +68,11 @@ def requirements() -> list[str]:
     """The pinned pure-Python dependencies, one requirement a line (data/vllm-ref.txt, comments left out)."""
     text = files("pagedlab.data").joinpath(REQUIREMENTS).read_text(encoding="utf-8")
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def lock_text() -> str:
+    """data/vllm-ref.lock.txt: the requirements with their hashes, in pip's format (scripts/lock_vllm_ref.py)."""
+    return files("pagedlab.data").joinpath(LOCK).read_text(encoding="utf-8")
 
 
 def sources_summary(folder: Path) -> dict:

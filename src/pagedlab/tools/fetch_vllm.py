@@ -5,9 +5,11 @@ Read with: chapters/09-graduate-to-vllm.md.
 
     1. pip download --no-deps --require-hashes vllm==0.33.0   (336 MB; its dependencies would bring CUDA)
     2. unzip only vllm/**.py from it (57 MB, no compiled file: nothing is built, nothing runs on a GPU)
-    3. a virtual environment with vLLM's pure-Python dependencies, every one pinned and installed with
-       --no-deps (data/vllm-ref.txt); torch, and what torch needs, is pagedlab's own CPU build, put on its
-       path by a .pth file (xgrammar would otherwise pull a CUDA torch: gigabytes)
+    3. a virtual environment with vLLM's pure-Python dependencies, every one pinned (data/vllm-ref.txt) and
+       installed by hash: pip install --require-hashes --no-deps --only-binary=:all: -r data/vllm-ref.lock.txt
+       (the sha256 of every wheel pip may pick, from scripts/lock_vllm_ref.py); torch, and what torch needs,
+       is pagedlab's own CPU build, put on its path by a .pth file (xgrammar would otherwise pull a CUDA
+       torch: gigabytes)
     4. `.complete`, written last, and the folder moved into place in one rename
 
 A second fetch finds `.complete` and does nothing (`--force` redoes it). Nothing of vLLM is imported here.
@@ -102,12 +104,14 @@ def extract_sources(wheel: Path, into: Path, progress: bool) -> int:
 
 
 def make_environment(folder: Path, progress: bool, log) -> None:
-    """A venv with the pinned requirements; then torch's folder (this process's own) on its path."""
+    """A venv with the pinned requirements, installed by hash; then torch's folder (this process's own) on its
+    path. The lock it was installed from stays in it."""
     venv.EnvBuilder(with_pip=True).create(folder)
     python = folder / "bin" / "python"
-    requirements = vllm_peer.requirements()
-    log(f"vllm: installing {len(requirements)} pinned packages into its environment")
-    _pip([str(python), "-m", "pip", "install", "-q", "--no-deps", *requirements], progress, "pip install (vllm-ref)")
+    lock = folder / vllm_peer.LOCK
+    lock.write_text(vllm_peer.lock_text(), encoding="utf-8")
+    log(f"vllm: installing {len(vllm_peer.requirements())} pinned packages into its environment, each by its hash")
+    _pip(install_command(python, lock), progress, "pip install (vllm-ref, by hash)")
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
@@ -116,6 +120,13 @@ def make_environment(folder: Path, progress: bool, log) -> None:
 
     torch_site = Path(torch.__file__).resolve().parents[1]
     Path(site, "zz_pagedlab_torch.pth").write_text(f"{torch_site}\n")
+
+
+def install_command(python: Path, lock: Path) -> list[str]:
+    """pip install of the lock: every file refused unless its sha256 is listed, nothing built, no dependency
+    resolved (the lock lists every one)."""
+    command = [str(python), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "--only-binary=:all:"]
+    return command + ["-r", str(lock)]
 
 
 def _pip(command: list[str], progress: bool, what: str) -> None:
