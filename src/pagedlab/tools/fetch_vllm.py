@@ -10,9 +10,11 @@ Read with: chapters/09-graduate-to-vllm.md.
        (the sha256 of every wheel pip may pick, from scripts/lock_vllm_ref.py); torch, and what torch needs,
        is pagedlab's own CPU build, put on its path by a .pth file (xgrammar would otherwise pull a CUDA
        torch: gigabytes)
-    4. `.complete`, written last, and the folder moved into place in one rename
+    4. `.complete`, written last: the wheel's sha256 and every source file's size and sha256 (the manifest of
+       model/registry.py); the folder moved into place in one rename
 
-A second fetch finds `.complete` and does nothing (`--force` redoes it). Nothing of vLLM is imported here.
+A second fetch finds `.complete`, every source file of its size and sha256, and does nothing (`--force`
+redoes it); `verify_vllm` rechecks every hash and says which differ. Nothing of vLLM is imported here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from tqdm import tqdm
 
 from pagedlab.lessons import vllm_peer
 from pagedlab.lessons.vllm_peer import COMPLETE, NOT_FETCHED, VLLM, VllmSource
+from pagedlab.model import registry
+from pagedlab.model.files import read_model_json
 from pagedlab.model.registry import cache_dir
 from pagedlab.tools.fetch import _check_wheel, _make_folder, check_sha256
 
@@ -43,7 +47,7 @@ def fetch_vllm(
     home = vllm_peer.vllm_home(source)
     _check_wheel(wheel)
     if not force:
-        problem = vllm_peer.fetched_problem(source)
+        problem = vllm_peer.fetched_problem(source, hashes=True)
         if problem is None:
             log(f"vllm {source.version}: already fetched, in {home}")
             return home
@@ -60,7 +64,7 @@ def fetch_vllm(
         log(f"vllm {source.version}: {num_files} Python files unpacked; making its environment")
         make_environment(staged / "venv", progress, log)
         manifest = {"source": source.requirement, "sha256": source.wheel_sha256,
-                    "sources": vllm_peer.sources_summary(staged / "src")}  # fmt: skip
+                    "files": registry.file_entries(staged / "src", nested=True)}  # fmt: skip
         (staged / COMPLETE).write_text(json.dumps(manifest, indent=1) + "\n")
         _make_folder(home.parent)
         if home.exists():
@@ -127,6 +131,28 @@ def install_command(python: Path, lock: Path) -> list[str]:
     resolved (the lock lists every one)."""
     command = [str(python), "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "--only-binary=:all:"]
     return command + ["-r", str(lock)]
+
+
+def verify_vllm(source: VllmSource = VLLM, log=print) -> list[str]:
+    """Recheck the fetch against its manifest, every source file by sha256: what `pagedlab fetch vllm --verify`
+    says. Logs each mismatch and a summary; returns the mismatches (empty: all match). A fetch with no manifest
+    (none yet, or an older pagedlab's) is a ValueError saying to fetch it."""
+    home, src = vllm_peer.vllm_home(source), vllm_peer.source_dir(source)
+    if not os.path.lexists(home / COMPLETE):
+        raise ValueError(f"vllm: vLLM {source.version} is not fetched yet: run `pagedlab fetch vllm`")
+    try:
+        manifest = read_model_json(home, COMPLETE)
+        files = vllm_peer.source_files(manifest, home)
+    except ValueError as e:
+        raise ValueError(f"{e}: run `pagedlab fetch vllm --force` to make it again") from None
+    bad = [f"{home / COMPLETE}: made from another wheel"] if manifest.get("sha256") != source.wheel_sha256 else []
+    bad += [] if vllm_peer.venv_python(source).exists() else [f"{vllm_peer.venv_python(source)}: missing"]
+    bad += [f"{src}: {p}" for p in registry.manifest_problems(src, files, nested=True, hashes=True)]
+    for mismatch in bad:
+        log(f"  MISMATCH  {mismatch}")
+    verdict = f"{len(bad)} mismatching" if bad else "all match"
+    log(f"vllm {source.version}: {len(files)} source files of {src} checked against the manifest: {verdict}")
+    return bad
 
 
 def _pip(command: list[str], progress: bool, what: str) -> None:
