@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from pagedlab import LLM, SamplingParams
 from pagedlab.kv.eviction import EVICTION_POLICIES
 from pagedlab.kv.hashing import hash_block_tokens
-from pagedlab.lessons.replay import INDEXES, Replay, ReplayResult, replay
-from pagedlab.lessons.traces import TRACE_BLOCK_SIZE, TraceRequest, infinite_ceiling
+from pagedlab.lessons import replay as replay_module
+from pagedlab.lessons.replay import INDEXES, Replay, ReplayResult, infinite_pool, replay
+from pagedlab.lessons.traces import TOKEN_LIMIT, TRACE_BLOCK_SIZE, TraceRequest, infinite_ceiling
 
 pytestmark = pytest.mark.stage4
 BLOCK = TRACE_BLOCK_SIZE
@@ -76,6 +77,39 @@ def test_infinite_is_the_readme_count():
     assert result.pool_blocks is None and sum(result.evictions) == 0
 
 
+def test_the_infinite_pool_holds_every_distinct_prompt_block_and_the_answers_in_flight(monkeypatch):
+    # 10 requests, each one new prompt block and an answer of 5 blocks: 60 blocks in all, but one at a time the
+    # pool never holds more than the 10 cached prompt blocks and one answer (15); two at a time, two answers (20).
+    # An answer's blocks have no hash: freed, they are reused before the never-used blocks and the cached ones.
+    trace = [req(i, out=5 * BLOCK) for i in range(10)] + [req(3), req(7)]
+    built = []
+
+    class Spy(Replay):  # notes the size of each pool the replay builds
+        def __init__(self, requests, pool_blocks, *rest):
+            built.append(pool_blocks)
+            super().__init__(requests, pool_blocks, *rest)
+
+    monkeypatch.setattr(replay_module, "Replay", Spy)
+    for concurrency, pool in ((1, 15), (2, 20), (12, 60)):
+        result = replay(trace, "infinite", concurrency=concurrency)
+        assert built.pop() == pool == infinite_pool(trace, concurrency)
+        assert result.hits == [0] * 10 + [1, 1] and sum(result.evictions) == 0
+
+
+def test_an_infinite_pool_is_sized_by_what_the_trace_holds():
+    # before, the pool was the sum of every request's blocks: one answer of 10**12 tokens, a MemoryError after 22 s
+    with pytest.raises(ValueError, match=r"trace, request 2: output_length must be an integer in 0..16,777,216"):
+        replay([req(1), TraceRequest(0, 1, 10**12, (2,))], "infinite")
+    # 10 requests of 1 + 2**24 - 1 tokens (32,768 blocks: the prompt's and 32,767 for the answer) were 327,680 blocks;
+    # one at a time, 10 prompt blocks and one answer do
+    trace = [TraceRequest(0, 1, TOKEN_LIMIT, (i,)) for i in range(10)]
+    assert infinite_pool(trace, 1) == 10 + 32_767 and infinite_pool(trace, 3) == 10 + 3 * 32_767
+    with pytest.raises(ValueError, match="trace: a pool that never evicts it needs 327,680 blocks .* over the 300,000"):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(replay_module, "POOL_LIMIT", 300_000)
+            replay(trace, "infinite", concurrency=10)
+
+
 def test_the_bundled_synthetic_trace_reaches_the_readme_ceiling():
     assert f"{replay('synthetic', 'infinite').hit_ratio:.1%}" == "64.0%"
 
@@ -124,6 +158,7 @@ def test_a_host_tier_keeps_what_the_pool_evicts():
         ({"pool_blocks": 0}, "pool_blocks must be an integer >= 1"),
         ({"tier_blocks": -1}, "tier_blocks must be an integer >= 0"),
         ({"concurrency": 1.5}, "concurrency must be an integer >= 1"),
+        ({"pool_blocks": 1 << 40}, "pool_blocks must be at most 2,097,152 .*, got 1,099,511,627,776"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -194,6 +229,9 @@ def test_any_replay_keeps_the_pools_invariants_and_frees_everything(case, concur
     assert run.kv.pool.num_free == pool and not run.kv.req_to_blocks
     assert 0 <= result.hit_ratio <= 1 and len(result.hits) == len(trace)
     assert result.hit_ratio <= infinite_ceiling(trace)[0] / result.prompt_blocks
+    # the infinite pool, sized by the distinct blocks and the answers in flight, evicts nothing (replay checks it)
+    ceiling = replay(trace, "infinite", index=index, concurrency=concurrency)
+    assert (sum(ceiling.hits), ceiling.prompt_blocks) == infinite_ceiling(trace) and ceiling.refused == 0
 
 
 def stage4_and_trace(seed: int):

@@ -3,6 +3,7 @@
 step is replaced by one that only makes its python (the real one installs from PyPI), so nothing is downloaded."""
 
 import hashlib
+import json
 import re
 import zipfile
 from dataclasses import replace
@@ -14,6 +15,10 @@ from pagedlab.lessons import vllm_peer
 from pagedlab.tools import fetch_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -52,16 +57,83 @@ def test_fetch_unpacks_only_python_sources_and_is_idempotent(fake):
     assert lines == [f"vllm 0.33.0: already fetched, in {home}"]
 
 
-def test_changed_sources_are_noticed_and_fetched_again(fake):
+def test_complete_lists_every_source_file_with_its_size_and_sha256(fake):
     source, wheel = fake
     home = fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lambda _: None)
-    (home / "src" / "vllm" / "__init__.py").write_text("edited by hand, longer than before\n")
-    assert "differs from the manifest's" in vllm_peer.fetched_problem(source)
-    with pytest.raises(ValueError, match="run `pagedlab fetch vllm --force`"):
+    manifest = json.loads((home / vllm_peer.COMPLETE).read_text())
+    assert manifest["source"] == "vllm==0.33.0" and manifest["sha256"] == source.wheel_sha256
+    assert manifest["files"] == {
+        name: {"size": (home / "src" / name).stat().st_size, "sha256": sha256(home / "src" / name)}
+        for name in ("vllm/__init__.py", "vllm/v1/core/sched/scheduler.py")
+    }
+
+
+@pytest.mark.parametrize("change", ["longer", "missing", "extra", "linked folder"])
+def test_changed_sources_are_noticed_and_fetched_again(fake, change, tmp_path):
+    source, wheel = fake
+    home = fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lambda _: None)
+    vllm = home / "src" / "vllm"
+    if change == "longer":
+        (vllm / "__init__.py").write_text("edited by hand, longer than before\n")
+        problem = "vllm/__init__.py: 35 bytes, the manifest says 19"
+    elif change == "missing":
+        (vllm / "v1" / "core" / "sched" / "scheduler.py").unlink()
+        problem = "vllm/v1/core/sched/scheduler.py: missing"
+    elif change == "extra":  # a module that would be imported, though no fetch wrote it
+        (vllm / "v1" / "sitecustomize.py").write_text("")
+        problem = "vllm/v1/sitecustomize.py: not in the manifest"
+    else:  # a folder of other sources, linked in
+        (tmp_path / "elsewhere").mkdir()
+        (vllm / "plugins").symlink_to(tmp_path / "elsewhere")
+        problem = "vllm/plugins: not in the manifest"
+    assert re.search(problem, vllm_peer.fetched_problem(source))  # the cheap check sees these
+    with pytest.raises(ValueError, match=rf"vllm: .*src: {problem}; run `pagedlab fetch vllm --force`"):
         vllm_peer.check_fetched(source)
     lines = []
     fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lines.append)
-    assert "fetching again" in lines[0] and vllm_peer.fetched_problem(source) is None
+    assert "fetching again" in lines[0] and vllm_peer.fetched_problem(source, hashes=True) is None
+
+
+def test_a_same_size_edit_is_seen_by_its_hash_before_vllm_runs(fake):
+    source, wheel = fake
+    home = fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lambda _: None)
+    init = home / "src" / "vllm" / "__init__.py"
+    init.write_text(init.read_text().replace("0.33.0", "0.99.9"))  # the same size: only a hash sees it
+    assert vllm_peer.fetched_problem(source) is None  # the cheap check (presence, type, size) cannot
+    problem = "vllm/__init__.py: sha256 [0-9a-f]{64} is not the manifest's [0-9a-f]{64}"
+    assert re.search(problem, vllm_peer.fetched_problem(source, hashes=True))
+    with pytest.raises(ValueError, match=f"vllm: .*src: {problem}; run `pagedlab fetch vllm --force`"):
+        vllm_peer.check_fetched(source)  # what run_vllm asks before vLLM's code runs
+    lines = []
+    assert len(fetch_vllm.verify_vllm(source, log=lines.append)) == 1
+    assert lines[0].startswith(f"  MISMATCH  {home / 'src'}: vllm/__init__.py: sha256")
+    assert lines[-1].endswith("2 source files of " + str(home / "src") + " checked against the manifest: 1 mismatching")
+    fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lines.append)  # not idempotent: made again
+    assert "fetching again" in lines[2] and fetch_vllm.verify_vllm(source, log=lines.append) == []
+    assert lines[-1].endswith("checked against the manifest: all match")
+
+
+def test_an_older_fetch_without_hashes_is_fetched_again(fake):
+    source, wheel = fake
+    home = fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lambda _: None)
+    old = {"source": "vllm==0.33.0", "sha256": source.wheel_sha256, "sources": {"num_files": 2, "num_bytes": 58}}
+    (home / vllm_peer.COMPLETE).write_text(json.dumps(old))
+    assert "fetched by an older pagedlab, without the sha256 of its sources" in vllm_peer.fetched_problem(source)
+    with pytest.raises(ValueError, match="older pagedlab.*: run `pagedlab fetch vllm --force` to make it again"):
+        fetch_vllm.verify_vllm(source, log=lambda _: None)
+    lines = []
+    fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lines.append)
+    assert "fetching again" in lines[0] and "files" in json.loads((home / vllm_peer.COMPLETE).read_text())
+
+
+@pytest.mark.parametrize("name", ["../outside.py", "/etc/passwd", "vllm//x.py", "vllm/./x.py", "vllm\\x.py", ""])
+def test_a_manifest_names_files_under_the_sources_only(fake, name):
+    source, wheel = fake
+    home = fetch_vllm.fetch_vllm(source, wheel=wheel, progress=False, log=lambda _: None)
+    manifest = json.loads((home / vllm_peer.COMPLETE).read_text())
+    manifest["files"][name] = {"size": 0, "sha256": "0" * 64}
+    (home / vllm_peer.COMPLETE).write_text(json.dumps(manifest))
+    assert "field 'files' must map file names to {'size', 'sha256'}" in vllm_peer.fetched_problem(source)
 
 
 def test_a_wheel_with_another_hash_is_refused(fake, tmp_path):
@@ -71,6 +143,16 @@ def test_a_wheel_with_another_hash_is_refused(fake, tmp_path):
     with pytest.raises(ValueError, match="sha256 .* is not the pinned .*; refusing it"):
         fetch_vllm.fetch_vllm(source, wheel=other, progress=False, log=lambda _: None)
     assert not vllm_peer.vllm_home(source).exists()
+
+
+def test_the_environment_is_installed_by_hash_from_the_lock():
+    command = fetch_vllm.install_command(Path("/venv/bin/python"), Path("/venv/vllm-ref.lock.txt"))
+    assert command[:4] == ["/venv/bin/python", "-m", "pip", "install"]
+    assert {"--require-hashes", "--no-deps", "--only-binary=:all:"} <= set(command)
+    assert command[-2:] == ["-r", "/venv/vllm-ref.lock.txt"]
+    lock = vllm_peer.lock_text()
+    for requirement in vllm_peer.requirements():  # each pin of vllm-ref.txt, followed by its hashes
+        assert re.search(rf"^{re.escape(requirement)} \\\n    --hash=sha256:[0-9a-f]{{64}}", lock, re.M), requirement
 
 
 def test_the_vllm_ref_extra_is_the_environments_list():

@@ -23,6 +23,10 @@ always computes the last prompt token); a request's answer is never cached.
 A request that needs more blocks than the whole pool is refused (counted; its
 blocks are misses). Besides hits, the replay counts evictions and dead weight:
 cached blocks one of whose ancestors is not cached, which no lookup can reach.
+
+The infinite pool (policy "infinite") is sized by what the trace holds: its
+distinct prompt blocks, and the answers in flight at most (`infinite_pool`).
+It must evict nothing: an InvariantError says if it did.
 """
 
 from __future__ import annotations
@@ -30,15 +34,19 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from pagedlab.errors import InvariantError
 from pagedlab.kv.block_pool import FreeKVCacheBlockQueue
 from pagedlab.kv.eviction import EVICTION_POLICIES, BeladyQueue, LRUQueue, NextUse
 from pagedlab.kv.hashing import HashChainIndex
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.radix import RadixIndex
 from pagedlab.kv.tier import HostTier
-from pagedlab.lessons.traces import TRACE_BLOCK_SIZE, TraceRequest, load_trace
+from pagedlab.lessons.traces import TRACE_BLOCK_SIZE, TraceRequest, check_request, load_trace
 
 TRANSFER_COST = 0.2  # a block promoted from the host tier costs this share of computing it (chapter 4)
+# blocks of a pool a replay may build: 1.1 G tokens, 32 x the bench's largest pool; each block is ~120
+# bytes of Python objects here (250 MB at the limit), built at ~2 s per million
+POOL_LIMIT = 1 << 21
 
 
 class DeadWeight:
@@ -151,21 +159,45 @@ def replay(
     """Replay `trace` (a name, a path or a list of TraceRequest) through a stage-4 pool of `pool_blocks` blocks of
     TRACE_BLOCK_SIZE tokens, evicting by `policy`, finding prefixes with `index`, over a host tier of
     `tier_blocks`. policy="infinite" ignores pool_blocks: a pool that never evicts."""
-    name, requests = _requests(trace)
     _check(policy, index, pool_blocks, tier_blocks, concurrency)
+    name, requests = _requests(trace)
     if policy == "infinite":
-        pool_blocks, policy_cls = sum(r.num_blocks for r in requests), EVICTION_POLICIES["lru"]
+        pool_blocks, policy_cls = infinite_pool(requests, concurrency), EVICTION_POLICIES["lru"]
     else:
         policy_cls = EVICTION_POLICIES[policy]
     result = ReplayResult(name, policy, index, None if policy == "infinite" else pool_blocks, tier_blocks, concurrency)
     Replay(requests, pool_blocks, policy_cls, index, tier_blocks, concurrency).run(result)
+    if policy == "infinite" and sum(result.evictions):
+        raise InvariantError(f"the infinite pool of {pool_blocks} blocks evicted {sum(result.evictions)} blocks")
     return result
+
+
+def infinite_pool(requests: list[TraceRequest], concurrency: int) -> int:
+    """The blocks a pool needs never to evict on this trace: one per distinct prompt block (each is cached once, and
+    stays), and the most answer blocks the requests in flight hold at once (the `concurrency` latest requests; an
+    answer's blocks get no hash, so freed they are reused before any cached block and before the never-used ones).
+    Sized by what the trace holds, not by the sum of every request's blocks, which an answer of many tokens in
+    each of many requests makes larger than any memory; refused beyond POOL_LIMIT."""
+    answers = [r.num_blocks - len(r.hash_ids) for r in requests]
+    window = most = sum(answers[:concurrency])
+    for i in range(concurrency, len(answers)):  # the sum over each run of `concurrency` requests in a row
+        window += answers[i] - answers[i - concurrency]
+        most = max(most, window)
+    blocks = len({h for r in requests for h in r.hash_ids}) + most
+    if blocks > POOL_LIMIT:
+        raise ValueError(
+            f"trace: a pool that never evicts it needs {blocks:,} blocks (its distinct prompt blocks and the answers "
+            f"in flight), over the {POOL_LIMIT:,} a replay may build"
+        )
+    return max(1, blocks)
 
 
 def _requests(trace) -> tuple[str, list[TraceRequest]]:
     if isinstance(trace, (list, tuple)):
         if not trace or not all(isinstance(r, TraceRequest) for r in trace):
             raise ValueError("trace: expected a name, a path, or a non-empty list of TraceRequest")
+        for n, r in enumerate(trace, 1):  # as a file's line is checked: no count larger than a trace may hold
+            check_request(r, f"trace, request {n}")
         return "custom", list(trace)
     return str(getattr(trace, "stem", trace)), list(load_trace(trace))
 
@@ -182,6 +214,10 @@ def _check(policy, index, pool_blocks, tier_blocks, concurrency) -> None:
     for name, value, low in counts:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if policy != "infinite" and pool_blocks > POOL_LIMIT:  # (a tier is a map of the hashes it holds: no limit)
+        raise ValueError(
+            f"pool_blocks must be at most {POOL_LIMIT:,} (every block is built at once), got {pool_blocks:,}"
+        )
 
 
 class Replay:

@@ -5,15 +5,23 @@ lessons/vllm_driver.py (the script that runs inside vLLM's environment).
 Read with: chapters/09-graduate-to-vllm.md.
 
 vLLM is never imported into pagedlab's process: it pins its own versions of half of pagedlab's
-dependencies. `pagedlab fetch vllm` (tools/fetch.py) makes, under the cache,
+dependencies. `pagedlab fetch vllm` (tools/fetch_vllm.py) makes, under the cache,
 
     vllm/0.33.0/src/vllm/...      the Python sources of the pinned PyPI wheel (no compiled file)
-    vllm/0.33.0/venv/             an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt);
-                                  torch is pagedlab's own CPU build, found through a .pth file
-    vllm/0.33.0/.complete         written last: the wheel, its sha256, and the sources' count and bytes
+    vllm/0.33.0/venv/             an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt),
+                                  installed by hash (data/vllm-ref.lock.txt); torch is pagedlab's own CPU
+                                  build, found through a .pth file
+    vllm/0.33.0/.complete         written last: the wheel, its sha256, and every source file's size and
+                                  sha256 (model/registry.py's manifest, with paths under src/)
 
 and `run_vllm` starts the driver there once for any number of recordings (its import takes most of the
 time), speaking plain JSON on stdin and stdout.
+
+What is checked when: `fetched_problem` (by default; tests ask it whether to skip) checks the
+cheap half, each source file's presence, type and size (3,231 files and their manifest: 0.05-0.1 s);
+`check_fetched`, before vLLM's code runs, and `fetch` and `verify_vllm` read and hash them all too (57 MB:
+0.14-0.3 s with the files in the page cache), beside the 10 s vLLM's scheduler takes to import. So a
+same-size edit of a source is never run.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from pagedlab.model import registry
 from pagedlab.model.files import read_model_json
 from pagedlab.model.registry import cache_dir
 
@@ -48,6 +57,7 @@ COMPLETE = ".complete"
 NOT_FETCHED = "not fetched yet"
 DRIVER = "vllm_driver.py"  # beside this file; run by path, never imported
 REQUIREMENTS = "vllm-ref.txt"  # package data: what the environment installs
+LOCK = "vllm-ref.lock.txt"  # package data: the same, with the sha256 of every wheel pip may pick (scripts/)
 
 
 def vllm_home(source: VllmSource = VLLM) -> Path:
@@ -68,33 +78,37 @@ def requirements() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def sources_summary(folder: Path) -> dict:
-    """How many .py files the sources hold and their bytes: the cheap check that they are the fetch's."""
-    count = size = 0
-    for root, _, names in os.walk(folder):
-        for name in names:
-            count += 1
-            size += os.lstat(os.path.join(root, name)).st_size
-    return {"num_files": count, "num_bytes": size}
+def lock_text() -> str:
+    """data/vllm-ref.lock.txt: the requirements with their hashes, in pip's format (scripts/lock_vllm_ref.py)."""
+    return files("pagedlab.data").joinpath(LOCK).read_text(encoding="utf-8")
 
 
-def fetched_problem(source: VllmSource = VLLM) -> str | None:
-    """None when the fetch is whole; else why not (NOT_FETCHED when there is no marker)."""
+def fetched_problem(source: VllmSource = VLLM, hashes: bool = False) -> str | None:
+    """None when the fetch is whole; else why not (NOT_FETCHED when there is no marker). Every source file is
+    checked against the manifest by type and size; with `hashes`, by its sha256 too (what a same-size edit changes)."""
     home = vllm_home(source)
     if not os.path.lexists(home / COMPLETE):
         return NOT_FETCHED
     try:
         manifest = read_model_json(home, COMPLETE)
+        if manifest.get("sha256") != source.wheel_sha256:
+            return f"{home / COMPLETE}: made from another wheel"
+        files = source_files(manifest, home)
     except ValueError as e:
         return str(e)
-    if manifest.get("sha256") != source.wheel_sha256:
-        return f"{home / COMPLETE}: made from another wheel"
     if not venv_python(source).exists():
         return f"{venv_python(source)}: missing"
-    found = sources_summary(source_dir(source))
-    if found != manifest.get("sources"):
-        return f"{source_dir(source)}: {found} differs from the manifest's {manifest.get('sources')}"
-    return None
+    problems = registry.manifest_problems(source_dir(source), files, nested=True, hashes=hashes)
+    return None if not problems else f"{source_dir(source)}: {registry.first_problem(problems)}"
+
+
+def source_files(manifest: dict, home: Path) -> dict[str, dict]:
+    """The manifest's {path under src/: {"size", "sha256"}}; a ValueError when it holds none (an older pagedlab
+    wrote only the sources' count and bytes)."""
+    files = manifest.get("files")
+    if files is None:
+        raise ValueError(f"{home / COMPLETE}: fetched by an older pagedlab, without the sha256 of its sources")
+    return registry.check_entries(files, home / COMPLETE, nested=True)
 
 
 def is_fetched(source: VllmSource = VLLM) -> bool:
@@ -102,8 +116,8 @@ def is_fetched(source: VllmSource = VLLM) -> bool:
 
 
 def check_fetched(source: VllmSource = VLLM) -> None:
-    """A ValueError saying how to fetch vLLM when it is not (whole) in the cache."""
-    problem = fetched_problem(source)
+    """A ValueError saying how to fetch vLLM when it is not (whole, every source's sha256 checked) in the cache."""
+    problem = fetched_problem(source, hashes=True)
     if problem == NOT_FETCHED:
         raise ValueError(
             f"vllm: vLLM {source.version} is not fetched yet: run `pagedlab fetch vllm`, which downloads "

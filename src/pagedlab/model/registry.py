@@ -20,11 +20,13 @@ also the folder's manifest, the size and sha256 of every file the fetch wrote:
 Every load by name checks the cheap half (the same names, each a regular file of the same size),
 so a folder edited by hand or filled with another model's files is not served as this one;
 `pagedlab fetch NAME --verify` checks the hashes too. A folder whose marker has no "files" was
-fetched by an older pagedlab: it is fetched again.
+fetched by an older pagedlab: it is fetched again. The same manifest, with `nested` names (paths
+under the folder), lists vLLM's sources for `pagedlab fetch vllm` (lessons/vllm_peer.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -94,8 +96,11 @@ def fetched_problem(source: ModelSource) -> str | None:
         files = read_manifest(folder)
     except ValueError as e:
         return str(e)
-    problems = extra_files(folder, files)
-    problems += [p for name, entry in files.items() if (p := file_problem(folder, name, entry))]
+    return first_problem(manifest_problems(folder, files))
+
+
+def first_problem(problems: list[str]) -> str | None:
+    """The first of `problems`, and how many more; None when there are none."""
     if not problems:
         return None
     return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
@@ -106,36 +111,91 @@ def read_manifest(folder: Path) -> dict[str, dict]:
     files = read_model_json(folder, COMPLETE).get("files")
     if files is None:
         raise ValueError(f"{folder / COMPLETE}: fetched by an older pagedlab, without a manifest of its files")
-    if not isinstance(files, dict) or not all(_entry_ok(name, entry) for name, entry in files.items()):
-        raise ValueError(f"{folder / COMPLETE}: field 'files' must map file names to {{'size', 'sha256'}}")
+    return check_entries(files, folder / COMPLETE)
+
+
+def check_entries(files, where: Path, nested: bool = False) -> dict[str, dict]:
+    """`files` once known to map file names (`nested`: paths under the folder, "/" between their parts) to
+    {"size", "sha256"}; else a ValueError naming `where`, the manifest."""
+    if not isinstance(files, dict) or not all(_entry_ok(name, entry, nested) for name, entry in files.items()):
+        raise ValueError(f"{where}: field 'files' must map file names to {{'size', 'sha256'}}")
     return files
 
 
-def _entry_ok(name, entry) -> bool:
-    """A plain file name of the folder itself (no path), with a size and a sha256."""
-    if not isinstance(name, str) or name in ("", ".", "..", COMPLETE) or set(name) & set("/\\"):
+def _entry_ok(name, entry, nested: bool = False) -> bool:
+    """A plain file name of the folder itself (no path; `nested`: a relative path down the folder, no .. in it),
+    with a size and a sha256."""
+    if not isinstance(name, str) or name == COMPLETE or "\\" in name or "/" in name and not nested:
+        return False
+    if any(part in ("", ".", "..") for part in name.split("/")):
         return False
     if not isinstance(entry, dict) or type(entry.get("size")) is not int or entry["size"] < 0:
         return False
     return isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"]) is not None
 
 
-def extra_files(folder: Path, files: dict[str, dict]) -> list[str]:
-    """The folder's entries the manifest does not list (another model's index or shards would be read)."""
-    return [f"{name}: not in the manifest" for name in sorted(set(os.listdir(folder)) - set(files) - {COMPLETE})]
+def file_entries(folder: Path, nested: bool = False) -> dict[str, dict]:
+    """What a manifest lists: {name: {"size", "sha256"}} of every file of `folder` but `.complete` (`nested`: of
+    its subfolders too, each named by its path under `folder`), sorted by name."""
+    paths = _walk(folder) if nested else [p.name for p in folder.iterdir() if p.name != COMPLETE]
+    return {
+        name: {"size": (folder / name).stat().st_size, "sha256": sha256_of(folder / name)} for name in sorted(paths)
+    }
+
+
+def _walk(folder: Path) -> list[str]:
+    """Every entry under `folder` but its folders, as a path relative to it with "/": its files, and its symlinks,
+    to folders too (never followed)."""
+    out = []
+    for root, folders, names in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        out += [(rel / name).as_posix() for name in names]
+        out += [(rel / name).as_posix() for name in folders if os.path.islink(os.path.join(root, name))]
+    return out
+
+
+def manifest_problems(folder: Path, files: dict[str, dict], nested: bool = False, hashes: bool = False) -> list[str]:
+    """Every way `folder` differs from its manifest's `files`: an entry it does not list, a listed file missing,
+    not a regular file, of another size or (`hashes`: read and hashed, the slow half) of another sha256."""
+    check = file_mismatch if hashes else file_problem
+    problems = extra_files(folder, files, nested)
+    return problems + [p for name, entry in files.items() if (p := check(folder, name, entry))]
+
+
+def extra_files(folder: Path, files: dict[str, dict], nested: bool = False) -> list[str]:
+    """The folder's entries the manifest does not list (another model's index or shards would be read); `nested`:
+    down its subfolders, where a symlink to a folder is one such entry (a manifest lists files only)."""
+    found = set(_walk(folder)) if nested else set(os.listdir(folder))
+    return [f"{name}: not in the manifest" for name in sorted(found - set(files) - {COMPLETE})]
 
 
 def file_problem(folder: Path, name: str, entry: dict) -> str | None:
     """The cheap check of one listed file: still a regular file (not a symlink swapped in) of its size."""
     try:
         st = os.lstat(folder / name)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return f"{name}: missing"
     if not stat.S_ISREG(st.st_mode):
         return f"{name}: not a regular file"
     if st.st_size != entry["size"]:
         return f"{name}: {st.st_size} bytes, the manifest says {entry['size']}"
     return None
+
+
+def file_mismatch(folder: Path, name: str, entry: dict) -> str | None:
+    """The cheap check (type, size) first; a file that passes it is hashed."""
+    problem = file_problem(folder, name, entry)
+    if problem is None and (digest := sha256_of(folder / name)) != entry["sha256"]:
+        problem = f"{name}: sha256 {digest} is not the manifest's {entry['sha256']}"
+    return problem
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def by_alias(alias: str) -> ModelSource:

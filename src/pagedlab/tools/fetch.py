@@ -17,7 +17,6 @@ pagedlab's), is fetched again. `--verify` rechecks every file's sha256.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pagedlab.model import registry
-from pagedlab.model.registry import COMPLETE, NOT_FETCHED, ModelSource, cache_dir, model_dir
+from pagedlab.model.registry import COMPLETE, NOT_FETCHED, ModelSource, cache_dir, model_dir, sha256_of
 
 
 def fetch(
@@ -132,28 +131,12 @@ def verify(source: ModelSource, log=print) -> list[str]:
     for problem in bad:
         log(f"  MISMATCH  {problem}")
     for name, entry in sorted(files.items()):
-        problem = _mismatch(folder, name, entry)
+        problem = registry.file_mismatch(folder, name, entry)
         log(f"  MISMATCH  {problem}" if problem else f"  ok        {name}: {entry['size']} bytes, sha256 matches")
         bad += [problem] if problem else []
     verdict = f"{len(bad)} mismatching: " + "; ".join(bad) if bad else "all match"
     log(f"{source.name}: {len(files)} files of {folder} checked against the manifest: {verdict}")
     return bad
-
-
-def _mismatch(folder: Path, name: str, entry: dict) -> str | None:
-    """The cheap check (type, size) first; a file that passes it is hashed."""
-    problem = registry.file_problem(folder, name, entry)
-    if problem is None and (digest := sha256_of(folder / name)) != entry["sha256"]:
-        problem = f"{name}: sha256 {digest} is not the manifest's {entry['sha256']}"
-    return problem
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_sha256(path: Path, expected: str, what: str) -> None:
@@ -173,7 +156,7 @@ def _make_folder(path: Path) -> None:
 
 def _write_manifest(source: ModelSource, folder: Path, dtype: str) -> None:
     """`.complete`, written last: what the folder came from, and every file's size and sha256."""
-    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in sorted(folder.iterdir())}
+    files = registry.file_entries(folder)
     manifest = {"source": source.wheel, "sha256": source.member_sha256, "dtype": dtype, "files": files}
     (folder / COMPLETE).write_text(json.dumps(manifest, indent=1) + "\n")
 
