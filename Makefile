@@ -14,6 +14,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_INDEX ?=
 TORCH_VERSION ?= 2.13.0
+# torch's threads in `make test` (1); another count sums in another order: the tests hold either way
+TEST_THREADS ?= 1
 # gpu-check runs with the machine's own Python: a lent GPU machine has torch and Triton, and no network for a venv
 GPU_PYTHON ?= python3
 export TORCH_INDEX TORCH_VERSION
@@ -73,7 +75,7 @@ train-tiny: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab train-tiny
 
 test: $(VENV)/.stamp-dev smollm2 vllm  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q tests notebooks --nbmake
+	OMP_NUM_THREADS=$(TEST_THREADS) HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q tests notebooks --nbmake
 
 test-fast: $(VENV)/.stamp-dev
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"

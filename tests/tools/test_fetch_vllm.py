@@ -13,6 +13,7 @@ import pytest
 
 from pagedlab.lessons import vllm_peer
 from pagedlab.tools import fetch_vllm
+from tests.conftest import need_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,3 +162,17 @@ def test_the_vllm_ref_extra_is_the_environments_list():
     extra = re.findall(r'^    "([^"]+)",$', block[: block.index("\n]\n")], re.M)
     assert extra == vllm_peer.requirements()
     assert all("==" in r for r in extra) and not any(r.startswith("torch") for r in extra)
+
+
+def test_the_cli_verifies_the_fetched_vllm_and_refuses_verify_with_force(capsys):
+    """`pagedlab fetch vllm --verify` on the real fetch: every source hashed, exit 0; with --force it is a usage
+    error naming the flag (exit 2), as for a model."""
+    need_vllm()
+    from pagedlab.tools.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["fetch", "vllm", "--verify"])
+    assert done.value.code == 0 and "checked against the manifest: all match" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["fetch", "vllm", "--verify", "--force"])
+    assert done.value.code == 2 and "takes neither --wheel nor --force" in capsys.readouterr().err

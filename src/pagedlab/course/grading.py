@@ -56,6 +56,7 @@ CHILD_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "TOKENIZERS_PARALLELISM": "false",  # no thread pool of one per core: a child's processes and threads are bounded
     "HYPOTHESIS_STORAGE_DIRECTORY": "/tmp/.hypothesis",
 }
 NUMERICS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")  # the parent's choice of CPU kernels, passed on: same numbers both sides

