@@ -7,9 +7,7 @@ gap is below 1e-4 (the gap is printed either way).
 
 from __future__ import annotations
 
-from pagedlab.oracle import OracleOutput
-
-NEAR_TIE = 1e-4
+from pagedlab.oracle import NEAR_TIE, OracleOutput
 
 
 def assert_matches_oracle(got: list[int], expected: OracleOutput, label: str = "") -> None:

@@ -97,3 +97,11 @@ def test_beams_are_ranked_and_their_logprobs_add_up(random_model, width):
         )
         assert b.cum_logprob == pytest.approx(recomputed, abs=1e-4)
         assert (b.finish_reason == "stop") == (b.tokens[-1] in eos)
+
+
+def test_agrees_allows_a_different_token_only_at_a_near_tie():
+    """The notebooks' and the tests' one rule: equal tokens, or a first difference where the oracle's top-2 logits
+    were within NEAR_TIE (a float32 sum in another order, on another CPU or batch shape, may flip it)."""
+    ref = oracle.OracleOutput([1], [5, 6, 7], [0.0] * 3, [0.5, 3e-5, 0.5], "length")
+    assert oracle.agrees([5, 6, 7], ref) and oracle.agrees([5, 9, 2], ref)  # differs first at the near tie
+    assert not oracle.agrees([4, 6, 7], ref) and not oracle.agrees([5, 6], ref) and not oracle.agrees([5, 6, 7, 8], ref)

@@ -47,6 +47,18 @@ class OracleOutput:
     finish_reason: str  # "stop" | "length"
 
 
+NEAR_TIE = 1e-4  # a top-2 logit gap below this may flip with the order of a float32 sum (batch shape, CPU)
+
+
+def agrees(got: list[int], expected: OracleOutput) -> bool:
+    """The rule every equivalence check uses (chapters/97-architecture.md, Invariants): `got` equals the oracle's
+    tokens, or first differs from them where the oracle's top-2 logits were within NEAR_TIE of each other."""
+    for i, (a, b) in enumerate(zip(got, expected.token_ids)):
+        if a != b:
+            return expected.top2_gaps[i] < NEAR_TIE
+    return len(got) == len(expected.token_ids)
+
+
 @torch.inference_mode()
 def last_logits(model: CausalLM, sequences: list[list[int]]) -> torch.Tensor:
     """Run whole sequences through the model; return the logits [N, V] after each one's last token."""

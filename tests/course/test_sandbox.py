@@ -120,3 +120,17 @@ def test_memory_is_bounded_for_all_of_a_childs_processes_together(tmp_path, monk
     """,
     )
     assert got["killed"] >= 1
+
+
+def test_without_a_user_id_to_give_the_sandbox_still_runs_and_says_what_is_unbounded(tmp_path, monkeypatch):
+    """A grader that is not root (or whose container refuses bwrap without a user namespace) runs bwrap as any
+    user does, in a user namespace: the child is isolated as before, and the report says processes are unbounded."""
+    monkeypatch.setattr(limits, "child_uid", lambda: None)
+    sandbox._mode.cache_clear()
+    try:
+        isolated, why = sandbox.isolation()
+        assert isolated and "processes unbounded" in why
+        got = child(tmp_path, "r['uid'] = os.getuid()\nr['tmp'] = os.listdir('/tmp')\n")
+        assert got["uid"] < limits.FIRST_UID and got["tmp"] == []
+    finally:
+        sandbox._mode.cache_clear()

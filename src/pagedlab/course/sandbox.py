@@ -57,28 +57,38 @@ class Run:
     isolated: bool  # ran inside bwrap
 
 
-@cache
 def isolation() -> tuple[bool, str]:
     """(True, what bounds a child) when bwrap runs a sandbox here; else (False, why not).
     PAGEDLAB_GRADER_SANDBOX=none forces the plain-process fallback (to test it)."""
+    isolated, why, _ = _mode()
+    return isolated, why
+
+
+@cache
+def _mode() -> tuple[bool, str, bool]:
+    """(isolated, what bounds a child or why not, whether each child gets a user id of its own). As root, first
+    without a user namespace, so that a child's user id is a real one (RLIMIT_NPROC holds); where that is refused
+    (a container without CAP_SYS_ADMIN), in a user namespace, as any user runs bwrap."""
     if os.environ.get("PAGEDLAB_GRADER_SANDBOX") == "none":
-        return False, "PAGEDLAB_GRADER_SANDBOX=none"
+        return False, "PAGEDLAB_GRADER_SANDBOX=none", False
     if shutil.which("bwrap") is None:
-        return False, "bwrap is not installed (apt-get install bubblewrap)"
-    uid = limits.child_uid()
-    if uid is not None and shutil.which("setpriv") is None:
-        return False, "setpriv is not installed (util-linux): a child run by root could not leave root"
-    cgroup = limits.make_cgroup(f"pagedlab-probe-{os.getpid()}")
-    try:
-        argv = [*limits.shell_words(60, uid, cgroup), *_bwrap_args(uid), "--", *_drop(uid), sys.executable, "-I", "-c",
-                "pass"]  # fmt: skip
-        probe = subprocess.run(argv, capture_output=True, timeout=60, env=LAUNCH_ENV)
-    finally:
-        if cgroup:
-            cgroup.remove()
-    if probe.returncode != 0:
-        return False, f"bwrap refused to start a sandbox: {probe.stderr.decode(errors='replace').strip()[-200:]}"
-    return True, limits.bounds(uid, cgroup)
+        return False, "bwrap is not installed (apt-get install bubblewrap)", False
+    refused = ""
+    for uid in [limits.child_uid()] if limits.child_uid() is None else [limits.child_uid(), None]:
+        if uid is not None and shutil.which("setpriv") is None:
+            continue  # (util-linux's: without it a child run by root cannot leave root)
+        cgroup = limits.make_cgroup(f"pagedlab-probe-{os.getpid()}")
+        try:
+            argv = [*limits.shell_words(60, uid, cgroup), *_bwrap_args(uid), "--", *_drop(uid), sys.executable, "-I",
+                    "-c", "pass"]  # fmt: skip
+            probe = subprocess.run(argv, capture_output=True, timeout=60, env=LAUNCH_ENV)
+        finally:
+            if cgroup:
+                cgroup.remove()
+        if probe.returncode == 0:
+            return True, limits.bounds(uid, cgroup), uid is not None
+        refused = probe.stderr.decode(errors="replace").strip()[-200:]
+    return False, f"bwrap refused to start a sandbox: {refused}", False
 
 
 def run(tree: Path, script: str, spec: bytes, env: dict, timeout: float, log_file: Path, forbidden=(), item_limit=0.0):
@@ -89,7 +99,7 @@ def run(tree: Path, script: str, spec: bytes, env: dict, timeout: float, log_fil
     read, write = os.pipe()
     root = INSIDE if isolated else str(tree)
     argv = [sys.executable, "-I", f"{root}/{script}", str(write)]
-    uid = limits.child_uid() if isolated else None
+    uid = limits.child_uid() if isolated and _mode()[2] else None
     cgroup = limits.make_cgroup(f"pagedlab-{os.getpid()}-{uid}") if isolated else None
     if isolated:
         if uid is not None:
