@@ -7,12 +7,12 @@ Read with: chapters/09-graduate-to-vllm.md.
 vLLM is never imported into pagedlab's process: it pins its own versions of half of pagedlab's
 dependencies. `pagedlab fetch vllm` (tools/fetch_vllm.py) makes, under the cache,
 
-    vllm/0.33.0/src/vllm/...      the Python sources of the pinned PyPI wheel (no compiled file)
-    vllm/0.33.0/venv/             an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt),
-                                  installed by hash (data/vllm-ref.lock.txt); torch is pagedlab's own CPU
-                                  build, found through a .pth file
-    vllm/0.33.0/.complete         written last: the wheel, its sha256, and every source file's size and
-                                  sha256 (model/registry.py's manifest, with paths under src/)
+    <cache>/vllm/0.33.0/src/vllm/...   the Python sources of the pinned PyPI wheel (no compiled file)
+    <cache>/vllm/0.33.0/venv/          an environment with vLLM's pure-Python dependencies (data/vllm-ref.txt),
+                                       installed by hash (data/vllm-ref.lock.txt); torch is pagedlab's own CPU
+                                       build, found through a .pth file
+    <cache>/vllm/0.33.0/.complete      written last: the wheel, its sha256, and every source file's size and
+                                       sha256 (model/registry.py's manifest, with paths under src/)
 
 and `run_vllm` starts the driver there once for any number of recordings (its import takes most of the
 time), speaking plain JSON on stdin and stdout.
