@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -79,23 +80,28 @@ def test_a_fork_bomb_stops_at_the_process_limit(tmp_path, as_root):
 
 
 def test_tmp_is_private_and_bounded(tmp_path):
-    got = child(
-        tmp_path,
-        """
-        r["empty"] = os.listdir("/tmp") == []
-        written = 0
-        try:
-            for i in range(100):  # files of 32 MiB (each under the file-size limit), until /tmp is full
-                with open(f"/tmp/f{i}", "wb") as f:
-                    for _ in range(32):
-                        f.write(b"x" * (1 << 20))
-                        written += 1
-        except OSError as e:
-            r["errno"] = e.errno
-        r["written"] = written
-    """,
-    )
-    assert got["empty"] and got["errno"] == 28 and got["written"] <= limits.TMP_BYTES >> 20  # ENOSPC
+    """None of the machine's /tmp is there (only the folders above a Python install bound inside it, as a venv of
+    a checkout under /tmp); what the child writes stops at 256 MiB."""
+    with tempfile.NamedTemporaryFile(dir="/tmp", prefix="pagedlab-marker-") as marker:
+        got = child(tmp_path, TMP_PROBE.replace("MARKER", marker.name))
+    bound = {p.relative_to("/tmp").parts[0] for p in sandbox.python_folders() if p.is_relative_to("/tmp")}
+    assert not got["marker"] and set(got["names"]) <= bound, got["names"]
+    assert got["errno"] == 28 and got["written"] <= limits.TMP_BYTES >> 20  # ENOSPC
+
+
+TMP_PROBE = """
+r["marker"], r["names"] = os.path.exists("MARKER"), os.listdir("/tmp")
+written = 0
+try:
+    for i in range(100):  # files of 32 MiB (each under the file-size limit), until /tmp is full
+        with open(f"/tmp/f{i}", "wb") as f:
+            for _ in range(32):
+                f.write(b"x" * (1 << 20))
+                written += 1
+except OSError as e:
+    r["errno"] = e.errno
+r["written"] = written
+"""
 
 
 def test_memory_is_bounded_for_all_of_a_childs_processes_together(tmp_path, monkeypatch):
