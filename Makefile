@@ -22,7 +22,7 @@ export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab smollm2 vllm chat generate test test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
+.PHONY: setup demo lab smollm2 vllm chat generate test test-numerics test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -76,6 +76,9 @@ train-tiny: $(VENV)/.stamp-runtime
 
 test: $(VENV)/.stamp-dev smollm2 vllm  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
 	OMP_NUM_THREADS=$(TEST_THREADS) HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q tests notebooks --nbmake
+
+test-numerics: $(VENV)/.stamp-dev smollm2  ## the tests marked numerics again, on torch's slower, differently vectorised CPU kernels, two threads
+	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 $(PY) -m pytest -q -m numerics tests
 
 test-fast: $(VENV)/.stamp-dev
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests -m "not slow"

@@ -19,7 +19,7 @@ from pagedlab.attention.paged import PagedAttention
 from pagedlab.attention.tiled import TiledPagedAttention
 from tests.attention.test_triton_kernels import TOL, D, paged_case, reference
 
-pytestmark = pytest.mark.stage2  # the paged reference; the stage-1 regions test is marked stage1 too
+pytestmark = [pytest.mark.stage2, pytest.mark.numerics]  # the paged reference; a stage-1 regions test is stage1 too
 
 
 def metadata(backend, table, seq_lens, q_lens, block_size) -> AttentionMetadata:

@@ -16,7 +16,7 @@ import torch
 from pagedlab.attention.paged import paged_reference
 from tests.conftest import need_triton
 
-pytestmark = pytest.mark.stage6
+pytestmark = [pytest.mark.stage6, pytest.mark.numerics]
 
 D = 32
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"  # interpreter: CPU tensors; else the GPU

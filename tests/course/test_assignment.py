@@ -205,7 +205,7 @@ def test_every_stage_has_written_problems_with_points_and_an_answer_key_in_chapt
         assert "Deliverable:" in "\n".join(written.handout_section(stage))
 
 
-@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("stage", [pytest.param(s, marks=[pytest.mark.numerics] if s == 6 else []) for s in STAGES])
 def test_an_untouched_copy_scores_at_most_10_percent_and_the_reference_full_marks(stage):
     (row,) = assignment.check_stages([stage])
     assert row["max_score"] == 100 and row["reference"] == 100, row  # every scenario runs on a CPU, kernels too

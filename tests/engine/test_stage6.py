@@ -10,7 +10,7 @@ from pagedlab import LLM, SamplingParams, load_model, oracle
 from tests.conftest import need_triton
 from tests.equivalence import assert_matches_oracle
 
-pytestmark = pytest.mark.stage6
+pytestmark = [pytest.mark.stage6, pytest.mark.numerics]
 
 PROMPTS = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 32, 3, 8, 4], [2, 7, 18, 28, 18, 28, 4, 5], [44, 2, 44, 2, 44]]
 

@@ -67,6 +67,7 @@ def test_tokenizer_and_chat_template_equal_transformers(folder, hf):
             assert mine == theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=gen)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("stage", [2, 5])
 def test_greedy_chat_answers_equal_transformers(reference, stage):
     llm = LLM("smollm2-135m-instruct", stage=stage, max_model_len=512)
