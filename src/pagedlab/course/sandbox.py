@@ -73,8 +73,8 @@ def _mode() -> tuple[bool, str, bool]:
         return False, "PAGEDLAB_GRADER_SANDBOX=none", False
     if shutil.which("bwrap") is None:
         return False, "bwrap is not installed (apt-get install bubblewrap)", False
-    refused = ""
-    for uid in [limits.child_uid()] if limits.child_uid() is None else [limits.child_uid(), None]:
+    refused, own = "", limits.child_uid()
+    for uid in [own, None] if own is not None else [None]:
         if uid is not None and shutil.which("setpriv") is None:
             continue  # (util-linux's: without it a child run by root cannot leave root)
         cgroup = limits.make_cgroup(f"pagedlab-probe-{os.getpid()}")
@@ -195,30 +195,17 @@ def _bwrap_args(uid: int | None = None) -> list[str]:
     whose process count RLIMIT_NPROC bounds) and keeps the capabilities setpriv needs to drop them all."""
     unshare = ["--unshare-all"] if uid is None else ["--unshare-pid", "--unshare-net", "--unshare-ipc",
                                                      "--unshare-uts", "--unshare-cgroup-try"]  # fmt: skip
-    args = [
-        "bwrap",
-        *unshare,
-        "--die-with-parent",
-        "--new-session",
-        *(["--cap-drop", "ALL"] if uid is None else []),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--perms",
-        "1777",
-        "--size",
-        str(limits.TMP_BYTES),
-        "--tmpfs",
-        "/tmp",
-    ]
+    # fmt: off
+    args = ["bwrap", *unshare, "--die-with-parent", "--new-session", *(["--cap-drop", "ALL"] if uid is None else []),
+            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.TMP_BYTES), "--tmpfs", "/tmp"]
+    # fmt: on
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         path = Path(top)
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), top]
         elif path.is_dir():
             args += ["--ro-bind", top, top]
-    parents = sorted({p for folder in python_folders() for p in folder.parents if p != Path("/")}, key=len_parts)
+    parents = sorted({p for f in python_folders() for p in f.parents if p != Path("/")}, key=lambda p: len(p.parts))
     for parent in parents:  # a bind's missing parents would be made 0700: the child's own user id could not pass
         args += ["--perms", "0755", "--dir", str(parent)]
     for folder in python_folders():
@@ -226,10 +213,6 @@ def _bwrap_args(uid: int | None = None) -> list[str]:
     for entry in pagedlab_entries():
         args += ["--tmpfs", str(entry)] if entry.is_dir() else ["--ro-bind", "/dev/null", str(entry)]
     return args
-
-
-def len_parts(path: Path) -> int:
-    return len(path.parts)
 
 
 @cache
