@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import shutil
 import subprocess
 import time
 from html.parser import HTMLParser
@@ -18,9 +16,8 @@ from pagedlab.lessons.demo import DemoOptions, demo_trace
 from pagedlab.tools.cli import main
 from pagedlab.viz import page as step_through
 from pagedlab.viz.trace import from_json
+from tests.browser import need_chromium
 
-REQUIRE_CHROMIUM = os.environ.get("PAGEDLAB_REQUIRE_CHROMIUM") == "1"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000"]
 QUIET_STEP = "nothing else changed: every request ran on as before"  # the events of a step without any
 SCENARIOS = {"continuous": {}, "contiguous": {"stage": 1}, "paged": {"stage": 2}, "swap": {"preemption_mode": "swap"}}
@@ -120,15 +117,6 @@ def test_cli_refuses_a_run_that_does_not_end(tmp_path, capsys):
 
 
 # --- in headless Chromium ----------------------------------------------------------------------------
-
-
-def need_chromium() -> str:
-    """Chromium's path, or skip; under PAGEDLAB_REQUIRE_CHROMIUM=1 (CI) a missing browser fails the test."""
-    if CHROMIUM is None:
-        if REQUIRE_CHROMIUM:
-            pytest.fail("PAGEDLAB_REQUIRE_CHROMIUM=1 but chromium is not on PATH")
-        pytest.skip("chromium is not on PATH (apt-get install chromium)")
-    return CHROMIUM
 
 
 class Node:
