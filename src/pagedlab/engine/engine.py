@@ -18,39 +18,49 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from pagedlab.attention.base import allocate_kv_cache
 from pagedlab.config import EngineConfig
 from pagedlab.engine.output_processor import OutputProcessor
 from pagedlab.engine.replay import RunRecorder
 from pagedlab.engine.stats import EngineStats, StepTrace
 from pagedlab.engine.validation import InputProcessor
-from pagedlab.model.loader import LoadedModel
 from pagedlab.outputs import BeamSearchOutput, RequestOutput
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams
 from pagedlab.sched.beam import BeamGroup
 from pagedlab.stages import get_preset, make_attention, make_kv_manager, make_scheduler
-from pagedlab.worker.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from pagedlab.model.loader import LoadedModel
 
 
 class LLMEngine:
     """Invariant: a request id is live (refused to a new request) from add_request until the step that
     reports its group finished."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        runner=None,
+        kv_parts: dict | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        """`runner`: what executes a step; by default a ModelRunner over `loaded.model`. The live lab passes a
+        runner that samples seeded tokens instead (worker/token_source.py): no model, no torch, and the same
+        scheduler, KV manager and engine around it. `kv_parts`: KV manager parts in place of the preset's (the
+        lab's eviction policy). `clock`: seconds, read for arrival times and the trace (the lab counts steps)."""
         preset = get_preset(config.stage)
+        if kv_parts:
+            preset = replace(preset, kv_parts=preset.kv_parts | kv_parts)
         mc = loaded.config
         self.config, self.model_config, self.tokenizer = config, mc, loaded.tokenizer
         self.kv_manager = make_kv_manager(config, preset)
         self.scheduler = make_scheduler(config, preset, self.kv_manager)
-        dtype = loaded.model.lm_head.weight.dtype
-        kv_cache = allocate_kv_cache(
-            mc.num_hidden_layers, config.num_kv_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim,
-            dtype, config.device,
-        )  # fmt: skip
-        attention = make_attention(config, kv_cache, mc.num_queries_per_kv, mc.head_dim, mc.layer_windows)
-        self.runner = ModelRunner(config, loaded.model, attention)
+        self.runner = runner if runner is not None else model_runner(config, loaded)
         self.inputs = InputProcessor(config, mc, loaded.tokenizer, self.scheduler, self.owner_of)
         self.output_processor = OutputProcessor(loaded.tokenizer)
         self.stats = EngineStats()
@@ -58,7 +68,8 @@ class LLMEngine:
         self.recorder = RunRecorder() if config.record_trace else None  # the run as data, for a replay
         self._aborted: dict[str, tuple[Request, ...]] = {}  # aborted groups, until the next step reports them
         self.beam_outputs: dict[str, BeamSearchOutput] = {}  # finished beam searches, until collected
-        self._start = time.perf_counter()
+        self._clock = clock
+        self._start = clock()
 
     @property
     def attention_backend(self) -> str:
@@ -133,7 +144,7 @@ class LLMEngine:
         forward_before = self.runner.forward_seconds
         scheduler_output = self.scheduler.schedule()
         sampled = self.runner.execute(scheduler_output)
-        if self.config.debug_checks:
+        if self.config.debug_checks and self.runner.block_tables is not None:
             self._check_runner_tables()
         snapshot = self._snapshot(scheduler_output) if self.config.record_trace else None
         update = self.scheduler.update(scheduler_output, sampled)
@@ -185,4 +196,20 @@ class LLMEngine:
         return StepTrace.capture(self.stats.num_steps + 1, self._now(), so, self.scheduler, self.kv_manager)
 
     def _now(self) -> float:
-        return time.perf_counter() - self._start
+        return self._clock() - self._start
+
+
+def model_runner(config: EngineConfig, loaded: LoadedModel):
+    """The ModelRunner of `loaded.model`, over a KV cache of the pool's size and the stage's attention backend.
+    Imported here, not at the top: torch comes in with them, and the engine itself needs none (the live lab)."""
+    from pagedlab.attention.base import allocate_kv_cache
+    from pagedlab.worker.runner import ModelRunner
+
+    mc = loaded.config
+    dtype = loaded.model.lm_head.weight.dtype
+    kv_cache = allocate_kv_cache(
+        mc.num_hidden_layers, config.num_kv_blocks, config.block_size, mc.num_key_value_heads, mc.head_dim,
+        dtype, config.device,
+    )  # fmt: skip
+    attention = make_attention(config, kv_cache, mc.num_queries_per_kv, mc.head_dim, mc.layer_windows)
+    return ModelRunner(config, loaded.model, attention)

@@ -16,9 +16,13 @@ only where it could newly end (vLLM: vllm/v1/engine/detokenizer.py).
 
 from __future__ import annotations
 
-from pagedlab.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from typing import TYPE_CHECKING
+
 from pagedlab.outputs import BeamSearchSequence, CompletionOutput, RequestOutput
 from pagedlab.request import Request
+
+if TYPE_CHECKING:  # the tokenizers library: only where a model has a tokenizer
+    from pagedlab.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class OutputProcessor:

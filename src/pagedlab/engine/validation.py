@@ -18,16 +18,19 @@ instead of minutes of work and then an allocator's crash.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
 from pagedlab.kv.block_pool import cdiv
 from pagedlab.model.memory import check_memory
-from pagedlab.model.tokenizer import Tokenizer
 from pagedlab.request import Request, max_output_tokens
 from pagedlab.sampling_params import BeamSearchParams, SamplingParams, check_text
 from pagedlab.sched.beam import BeamGroup, is_beam_id
 from pagedlab.sched.policies import POLICIES
 from pagedlab.stages import introduced_by
+
+if TYPE_CHECKING:  # the tokenizers library: only where a model has a tokenizer
+    from pagedlab.model.tokenizer import Tokenizer
 
 
 def check_request_id(request_id) -> None:

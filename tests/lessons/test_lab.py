@@ -1,0 +1,172 @@
+"""lessons/lab.py: the live lab's knobs, its seeded workload, and its promise: every scheduling and block decision
+is the real engine's. The same workload through the bundled model gives the same trace, step for step, but for
+the clock and the tokens' values; and all of it imports without torch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pagedlab.lessons.lab import KNOBS, LabOptions, LabRun, run_lab
+from pagedlab.lessons.lab_workload import VOCAB_SIZE, make_workload
+from pagedlab.lessons.window import windowed_bundled_model
+from pagedlab.model.loader import load_model
+from pagedlab.viz.trace import validate
+
+# --- knobs ------------------------------------------------------------------------------------------------
+
+
+def test_a_fragment_names_the_knobs_that_differ_and_reads_back():
+    options = LabOptions(stage=4, block_size=16, enable_prefix_caching=False, eviction_policy="fifo")
+    assert options.fragment() == "stage=4&block_size=16&enable_prefix_caching=false&eviction_policy=fifo"
+    assert LabOptions.from_fragment("#" + options.fragment() + "&step=7") == options  # step: the page's cursor
+    assert LabOptions.from_fragment("") == LabOptions()
+    assert KNOBS[0] == "stage" and "seed" in KNOBS
+
+
+@pytest.mark.parametrize(
+    "fragment, field",
+    [
+        ("stage=1", "stage"),
+        ("stage=6", "stage"),
+        ("block_size=x", "block_size"),
+        ("enable_prefix_caching=yes", "enable_prefix_caching"),
+        ("eviction_policy=min", "eviction_policy"),  # Belady's needs the future: not online
+        ("num_requests=0", "num_requests"),
+        ("num_requests=501", "num_requests"),
+        ("sliding_window=-1", "sliding_window"),
+        ("seed=-2", "seed"),
+        ("colour=red", "colour"),
+        ("stage", "stage"),
+    ],
+)
+def test_a_bad_knob_is_a_value_error_naming_it(fragment, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        LabOptions.from_fragment(fragment)
+
+
+def test_a_knob_the_engine_refuses_is_named_by_the_engine():
+    with pytest.raises(ValueError, match="^preemption_mode:"):
+        run_lab(LabOptions(preemption_mode="never"))
+
+
+# --- the workload -------------------------------------------------------------------------------------------
+
+
+def test_the_workload_of_a_seed_is_pinned():
+    """The page draws it in Pyodide's CPython, the desktop in its own: a change of Python must not move it."""
+    workload = make_workload(24, 0)
+    text = json.dumps([[r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_step, r.priority, r.n, r.prefix]
+                       for r in workload])  # fmt: skip
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "6c5cfb98fccdc2ff"
+    assert all(0 <= t < VOCAB_SIZE for r in workload for t in r.prompt_token_ids)
+
+
+def test_the_workload_has_what_the_lab_shows():
+    workload = make_workload(200, 3)
+    assert [r.arrival_step for r in workload] == sorted(r.arrival_step for r in workload)
+    assert {r.prefix for r in workload} == {None, 0, 1, 2}  # shared prefixes, and prompts with none
+    assert {r.n for r in workload} == {1, 2, 3} and {r.priority for r in workload} == {0, 1, 2}
+    assert workload[0].label.endswith("tokens of its own")
+
+
+# --- the promise: real decisions -------------------------------------------------------------------------
+
+RUNS = [
+    "stage=2&num_requests=10",
+    "stage=3&num_requests=12&seed=1",
+    "stage=4&num_requests=12&num_kv_blocks=30",
+    "stage=4&num_requests=12&eviction_policy=slru&num_kv_blocks=36&seed=2",
+    "stage=5&num_requests=14",
+    "stage=5&num_requests=14&preemption_mode=swap&num_kv_blocks=24&seed=1",
+    "stage=5&num_requests=14&scheduling_policy=priority&seed=2",
+    "stage=5&num_requests=12&sliding_window=16&seed=3",
+]
+
+
+def _untimed(trace: dict) -> dict:
+    return {**trace, "steps": [{k: v for k, v in s.items() if k != "time"} for s in trace["steps"]]}
+
+
+def _model_run(options: LabOptions) -> tuple[dict, dict[str, list[int]]]:
+    """The workload through the bundled model (windowed, for a window): its trace, and each request's tokens."""
+    folder = windowed_bundled_model(options.sliding_window) if options.sliding_window else None
+    run = LabRun(options, model=load_model(folder) if folder else load_model())
+    sampled: dict[str, list[int]] = {}
+    execute = run.engine.runner.execute
+
+    def recording(so):
+        out = execute(so)
+        for rid, token in zip(out.req_ids, out.token_ids):
+            sampled.setdefault(rid, []).append(token)
+        return out
+
+    run.engine.runner.execute = recording
+    for _ in run.steps():
+        pass
+    return run.trace(), sampled
+
+
+@pytest.mark.parametrize("fragment", RUNS)
+def test_the_lab_given_a_real_runs_tokens_is_that_run_step_for_step(fragment):
+    """Everything but the clock is equal: the scheduler, the KV manager and the engine are the real ones; only the
+    forward pass is replaced."""
+    options = LabOptions.from_fragment(fragment)
+    real, tokens = _model_run(options)
+    replayed = LabRun(options, tokens=tokens)
+    for _ in replayed.steps():
+        pass
+    lab = replayed.trace()
+    validate(lab)
+    assert any(s["scheduled"] for s in lab["steps"])
+    assert _untimed(lab) == _untimed(real)
+
+
+def test_seeded_tokens_change_no_schedule_where_no_output_block_is_cached():
+    """Before stage 4 nothing is hashed, so the tokens' values reach no decision at all: the seeded run is the real
+    model's run without its tokens."""
+    options = LabOptions(stage=3, num_requests=12, seed=1)
+    real, _ = _model_run(options)
+    assert _untimed(run_lab(options))["steps"] == _untimed(real)["steps"]
+
+
+def test_a_run_is_the_same_run_twice_and_its_times_are_its_steps():
+    first, second = run_lab(LabOptions(num_requests=30)), run_lab(LabOptions(num_requests=30))
+    assert first == second
+    assert [s["time"] for s in first["steps"]] == [float(s["step"]) for s in first["steps"]]
+    assert any(s["preempted"] for s in first["steps"]) and any(s["copies"] for s in first["steps"])
+
+
+# --- no torch -------------------------------------------------------------------------------------------------
+
+NO_TORCH = textwrap.dedent(
+    """
+    import sys
+
+    class Refuse:  # as in a browser tab: none of these can be imported
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {"torch", "numpy", "triton", "tokenizers", "safetensors", "matplotlib",
+                                          "jinja2", "tqdm", "rich", "transformers"}:
+                raise ImportError(f"{name} is not here")
+
+    sys.meta_path.insert(0, Refuse())
+    import pagedlab.kv, pagedlab.sched, pagedlab.stages, pagedlab.engine.engine
+    from pagedlab.lessons import lab, predict
+    from pagedlab.viz import trace
+
+    run = lab.run_lab(lab.LabOptions(num_requests=8))
+    trace.validate(run)
+    print(len(run["steps"]), sorted(m for m in sys.modules if m.partition(".")[0] == "pagedlab")[:1])
+    """
+)
+
+
+def test_the_core_and_the_lab_import_and_run_without_torch():
+    result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[0]) > 0
