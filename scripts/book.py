@@ -13,7 +13,12 @@ suffix is changed:
     chapters/NN-name.md        ->  chapters/NN-name.html          (#anchors kept: headings get GitHub's ids)
     notebooks/NN_name.ipynb    ->  notebooks/NN_name.html         (executed first, unless --no-execute)
     figures/*                  ->  figures/*                      (copied as they are)
+    src/pagedlab/viz/lab.html  ->  lab.html, lab/                 (the live lab, built: `pagedlab lab --html`)
     any other linked file      ->  its path + .html               (src/pagedlab/llm.py.html: the file in a <pre>)
+
+The live lab is the one part built with pagedlab itself (tools/lab.py; it needs `pagedlab fetch pyodide`): a
+chapter links the page's template, `src/pagedlab/viz/lab.html#stage=4&...`, which GitHub shows as source, and the
+book turns that link into its own working `lab.html#stage=4&...` (a fragment of knobs, not an id: not checked).
 
 Every page gets the same sidebar (the chapters and the notebooks). After writing, `check_links` reads the
 built HTML back and reports each relative href or src that names a missing file or a missing id; the build
@@ -46,6 +51,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]  # the source checkout: scripts/book.py
 MARKER = ".pagedlab-book"  # written into the output folder, so a rebuild may empty it (and nothing else)
+LAB_SOURCE = PurePosixPath("src/pagedlab/viz/lab.html")  # a link to it is a link to the built lab
+LAB_PAGE = "lab.html"
 SCHEME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//)")  # http:, https:, mailto:, data:, //host: not ours to check
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours in tracebacks and rich output, meaningless in a <pre>
 CELL_TIMEOUT_S = 300
@@ -119,6 +126,7 @@ class Site:
     root: Path = ROOT
     md: MarkdownIt = field(default_factory=lambda: MarkdownIt("commonmark").enable(["table", "strikethrough"]))
     wanted: set[PurePosixPath] = field(default_factory=set)
+    lab: bool = False  # a page links the live lab: build it
 
     # -- links -------------------------------------------------------------------------------------------------
 
@@ -138,6 +146,9 @@ class Site:
             return target
         if not file.is_file():
             return target
+        if src == LAB_SOURCE:
+            self.lab = True
+            return posixpath.relpath(LAB_PAGE, str(out_path(page).parent)) + hash_ + anchor
         if src.parts[:1] != ("figures",):
             self.wanted.add(src)
         return posixpath.relpath(str(out_path(src)), str(out_path(page).parent)) + hash_ + anchor
@@ -365,7 +376,19 @@ def build(
         path = out / page.out
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html_page(page, nav(pages, page.out)), encoding="utf-8")
+    if site.lab:
+        build_live_lab(out, log)
     return pages
+
+
+def build_live_lab(out: Path, log: Callable[[str], None]) -> None:
+    """The live lab into the site (tools/lab.py): lab.html and its folder lab/."""
+    from pagedlab.tools.lab import build_lab
+
+    try:
+        log(f"built the live lab: {build_lab(out)}")
+    except ValueError as err:  # Pyodide not fetched
+        raise BookError(f"the live lab: {err}") from None
 
 
 # -- the link checker ----------------------------------------------------------------------------------------------
@@ -417,7 +440,7 @@ def check_links(out_dir: Path) -> list[str]:
                 broken.append(f"{where} (outside the site)")
             elif not target.exists():
                 broken.append(f"{where} (no such file)")
-            elif anchor and target.suffix == ".html":
+            elif anchor and target.suffix == ".html" and target != site / LAB_PAGE:
                 ids = refs[target].ids if target in refs else _refs(target).ids
                 if unquote(anchor) not in ids:
                     broken.append(f"{where} (no id {unquote(anchor)!r} on {target.relative_to(site).as_posix()})")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,8 @@ from pagedlab.lessons.lab_workload import VOCAB_SIZE, make_workload
 from pagedlab.lessons.window import windowed_bundled_model
 from pagedlab.model.loader import load_model
 from pagedlab.viz.trace import validate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # --- knobs ------------------------------------------------------------------------------------------------
 
@@ -63,7 +67,7 @@ def test_the_workload_of_a_seed_is_pinned():
     workload = make_workload(24, 0)
     text = json.dumps([[r.request_id, r.prompt_token_ids, r.max_tokens, r.arrival_step, r.priority, r.n, r.prefix]
                        for r in workload])  # fmt: skip
-    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "6c5cfb98fccdc2ff"
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "5dfe2601b8ebef11"
     assert all(0 <= t < VOCAB_SIZE for r in workload for t in r.prompt_token_ids)
 
 
@@ -75,6 +79,16 @@ def test_the_workload_has_what_the_lab_shows():
     assert workload[0].label.endswith("tokens of its own")
 
 
+def test_every_lab_link_of_the_chapters_runs():
+    """A chapter's link presets the lab's knobs (`lab.html#stage=4&...`): each must be a run, not an error."""
+    links = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "chapters").glob("*.md"))]:
+        links |= set(re.findall(r"viz/lab\.html#([^)`\s]+)", doc.read_text(encoding="utf-8")))
+    assert len(links) >= 4  # chapters 2 to 5 each link their stage
+    for fragment in sorted(links):
+        assert run_lab(LabOptions.from_fragment(fragment))["steps"], fragment
+
+
 # --- the promise: real decisions -------------------------------------------------------------------------
 
 RUNS = [
@@ -83,7 +97,7 @@ RUNS = [
     "stage=4&num_requests=12&num_kv_blocks=30",
     "stage=4&num_requests=12&eviction_policy=slru&num_kv_blocks=36&seed=2",
     "stage=5&num_requests=14",
-    "stage=5&num_requests=14&preemption_mode=swap&num_kv_blocks=24&seed=1",
+    "stage=5&num_requests=14&preemption_mode=swap&num_kv_blocks=36&seed=1",
     "stage=5&num_requests=14&scheduling_policy=priority&seed=2",
     "stage=5&num_requests=12&sliding_window=16&seed=3",
 ]

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from scripts import book
+from tests.conftest import need_pyodide
 from tests.test_chapters import anchors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,8 @@ PNG = base64.b64decode(  # a 1x1 PNG: figures and outputs need bytes, not a pict
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real site, notebooks as committed (not executed)."""
+    """The real site, notebooks as committed (not executed); with the live lab, which needs Pyodide."""
+    need_pyodide()
     out = tmp_path_factory.mktemp("book") / "book"
     assert book.main(["--out", str(out), "--no-execute", "--no-check"]) == 0
     return out
@@ -54,6 +56,12 @@ def test_every_chapter_and_notebook_has_a_page(site: Path):
 
 def test_the_real_site_has_no_broken_links(site: Path):
     assert book.check_links(site) == []
+
+
+def test_the_live_lab_is_built_in_and_linked_with_its_knobs(site: Path):
+    assert (site / "lab.html").is_file() and (site / "lab" / "pagedlab.zip").is_file()
+    chapter = (site / "chapters" / "04-prefix-caching.html").read_text(encoding="utf-8")
+    assert 'href="../lab.html#stage=4' in chapter
 
 
 def test_figures_are_copied_and_shown(site: Path):

@@ -124,6 +124,12 @@ def test_the_drawn_block_tables_are_the_traces(browser):
             "[r.dataset.request, [...r.querySelectorAll('.cell')].map(c => Number(c.dataset.block))]))"
         )
         assert drawn == trace["steps"][step - 1]["tables"], f"step {step}"
+    click = ("(() => { const svg = {frame}.document.querySelector('#gantt svg'), box = svg.getBoundingClientRect();"
+             " const w = Number(svg.querySelector('#gantt-cursor').getAttribute('width'));"
+             " svg.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: box.left + 40 + w * 9 + 1,"
+             " clientY: box.top + 30})); })()")  # fmt: skip
+    browser.eval(click.replace("{frame}", FRAME))
+    assert browser.eval("window.lab.currentStep()") == 10  # a click on the Gantt's 10th column
     reset(browser)
 
 

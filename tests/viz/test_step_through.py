@@ -430,3 +430,29 @@ def test_hits_copies_and_request_colours_are_marked_in_chromium(traces, pages, t
         (row,) = [n for n in dom.by_id("tables").children if n.attrs.get("data-request") == rid]
         (cell,) = [c for c in row.find(data_block=str(dst))]
         assert "copied" in cell.attrs["class"].split() and f"a copy of block {src}" in cell.attrs["title"]
+
+
+def _gantt_state(step: dict, rid: str) -> str | None:
+    """The Gantt's state of a request in a step: the first list naming it decides."""
+    for name, state in (("preempted", "preempted"), ("swapped", "swapped")):
+        if rid in step[name]:
+            return state
+    if rid in step["scheduled"]:
+        return "prefill" if rid in step["prefills"] else "decode"
+    return "held" if rid in step["running"] else "waiting" if rid in step["waiting"] else None
+
+
+@pytest.mark.parametrize("name", ["continuous", "swap"])
+def test_the_gantt_draws_each_requests_states_as_runs_of_steps(traces, pages, name):
+    """One rect per run of steps in one state (a long run stays a light page), covering exactly the trace's states."""
+    trace, root = traces[name], dump_dom(pages[name])
+    index = {s["step"]: i for i, s in enumerate(trace["steps"])}
+    drawn, rects = {}, root.by_id("gantt").find(data_state=None)
+    for rect in rects:
+        first, last = index[int(rect.attrs["data-step"])], index[int(rect.attrs["data-last-step"])]
+        for i in range(first, last + 1):
+            assert (rect.attrs["data-request"], i) not in drawn
+            drawn[(rect.attrs["data-request"], i)] = rect.attrs["data-state"]
+    expected = {(rid, i): _gantt_state(s, rid) for i, s in enumerate(trace["steps"]) for rid in trace["requests"]}
+    assert drawn == {key: state for key, state in expected.items() if state is not None}
+    assert len(rects) < len(drawn) / 2  # runs, not cells

@@ -45,7 +45,7 @@ class LabOptions:
 
     stage: int = 5  # 2 .. 5
     block_size: int = 8  # tokens per KV block
-    num_kv_blocks: int = 48  # the pool
+    num_kv_blocks: int = 48  # the pool: any one request of the workload fits it (n = 3 children, each its worst case)
     max_num_seqs: int = 8  # seats
     max_num_batched_tokens: int = 256  # the token budget of a step (stages 2-4: a group's whole prompts must fit)
     long_prefill_token_threshold: int = 32  # stage 5: a longer prompt is fed in chunks of this many

@@ -5,9 +5,10 @@ lessons/predict.py (the notebooks' questions, asked here about the lab's engine)
 Read with: chapters/05-continuous-batching.md (The live lab).
 
 Every function takes the knobs as the page's fragment and returns JSON text (the page is JavaScript): a bad knob is
-{"error": "field: why"}, shown under the knobs, never a traceback. The page keeps no Python state between calls but
-the step-through template it handed over once (`set_template`); a question is asked of a run replayed to its step,
-which is cheap (a run of 200 requests takes well under a second) and always the same run.
+{"error": "field: why"}, shown under the knobs, never a traceback. Two things are kept between calls: the
+step-through template the page hands over once (`set_template`), and the last run's page and trace, big strings
+fetched apart (`page`, `trace_text`) so that they are not escaped into more JSON. A question is asked of a run
+replayed to its step, which is cheap and always the same run.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import json
 
 from pagedlab.lessons import predict
 from pagedlab.lessons.lab import LabOptions, LabRun, run_lab
-from pagedlab.viz.page import fill_trace
+from pagedlab.viz.page import fill_trace, fill_trace_text
 from pagedlab.viz.trace import TRACE_LIMIT, dumps, from_json
 
 _TEMPLATE: list[str] = []  # the step-through page, colours filled (viz/page.py page_template), once set
+_LAST: dict[str, str] = {}  # the last run's "page" and "trace" (JSON text)
 
 
 def set_template(text: str) -> None:
@@ -30,28 +32,39 @@ def set_template(text: str) -> None:
 
 
 def run(fragment: str) -> str:
-    """{"page": the step-through page of the run, "trace": its trace as JSON text, "fragment": the knobs as written
-    back, "steps": its last step}, or {"error": ...}."""
+    """{"fragment": the knobs as written back, "steps": the run's last step} or {"error": ...}; the run's page and
+    trace wait in `page()` and `trace_text()` (big strings: handed over as they are, not inside more JSON)."""
     try:
         options = LabOptions.from_fragment(fragment)
         trace = run_lab(options)
     except ValueError as e:
         return json.dumps({"error": str(e)})
     title = f"pagedlab lab: stage {trace['stage']} ({trace['stage_name']}), {options.num_requests} requests"
+    _LAST["trace"] = dumps(trace)
+    _LAST["page"] = fill_trace_text(_TEMPLATE[0], _LAST["trace"], title) if _TEMPLATE else ""
     last = trace["steps"][-1]["step"] if trace["steps"] else 0
-    page = fill_trace(_TEMPLATE[0], trace, title) if _TEMPLATE else None
-    return json.dumps({"page": page, "trace": dumps(trace), "fragment": options.fragment(), "steps": last})
+    return json.dumps({"fragment": options.fragment(), "steps": last})
+
+
+def page() -> str:
+    return _LAST.get("page", "")
+
+
+def trace_text() -> str:
+    return _LAST.get("trace", "")
 
 
 def show(text: str) -> str:
-    """A trace from a file (`pagedlab trace --json`'s, or one the page downloaded): {"page"} or {"error"}."""
+    """A trace from a file (`pagedlab trace --json`'s, or one the page downloaded): {"steps"} or {"error"}; its
+    page and text wait in `page()` and `trace_text()`, as a run's."""
     try:
         if len(text) > TRACE_LIMIT:
             raise ValueError(f"{len(text)} characters, more than a trace may hold ({TRACE_LIMIT})")
         trace = from_json(text)
     except ValueError as e:
         return json.dumps({"error": f"trace: {e}"})
-    return json.dumps({"page": fill_trace(_TEMPLATE[0], trace, "pagedlab: a trace from a file")})
+    _LAST["trace"], _LAST["page"] = text, fill_trace(_TEMPLATE[0], trace, "pagedlab: a trace from a file")
+    return json.dumps({"steps": trace["steps"][-1]["step"] if trace["steps"] else 0})
 
 
 # --- predictions ---------------------------------------------------------------------------------------

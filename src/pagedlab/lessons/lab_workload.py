@@ -12,7 +12,9 @@ Pyodide's CPython as well as the desktop's). What it draws, per request:
                 tail of 4-64 tokens: prefix caching has something to find, and blocks something to share
     max_tokens  2-40 output tokens; every request runs to its length (ignore_eos), as a recorded run would
     priority    0, 1 or 2 (lower is served first under the priority policy)
-    n           1, and 2 or 3 for one request in eight: children that fork from one prompt (stage 3)
+    n           1, and 2 or 3 for one request in eight: children that fork from one prompt (stage 3); such a
+                request's own tail and output are 24 tokens at most, so that its children's worst cases fit the
+                default pool (48 blocks of 8) and, at stages 2-4, their prompts one step's budget (256)
 
 Token ids are below VOCAB_SIZE, the bundled model's vocabulary, so that the same workload also runs through the
 real model: tests/lessons/test_lab.py checks that it schedules exactly as the lab does.
@@ -65,8 +67,11 @@ def make_workload(num_requests: int, seed: int) -> list[LabRequest]:
     for i in range(num_requests):
         step += (0, 0, 1, 2)[between(0, 3)] if i else 0
         prefix = between(0, NUM_PREFIXES - 1) if draw() < 0.5 else None
-        prompt = (prefixes[prefix] if prefix is not None else ()) + tokens(between(4, 64))
         n = between(2, 3) if draw() < 0.125 else 1
+        longest = 64 if n == 1 else 24  # n children hold n worst cases: kept within the default pool and budget
+        prompt = (prefixes[prefix] if prefix is not None else ()) + tokens(between(4, longest))
         shared = len(prefixes[prefix]) if prefix is not None else 0
-        requests.append(LabRequest(str(i), prompt, between(2, 40), step, between(0, 2), n, prefix, shared))
+        requests.append(
+            LabRequest(str(i), prompt, between(2, min(40, longest)), step, between(0, 2), n, prefix, shared)
+        )
     return requests

@@ -46,7 +46,13 @@ def page_template() -> str:
 def fill_trace(template: str, trace: dict, title: str) -> str:
     """page_template()'s markers filled: the title (text positions only: <title> and <h1>) and the trace."""
     validate(trace)
-    return fill_markers(template, {"__TITLE__": html.escape(title), "__TRACE__": embed_json(trace)})
+    return fill_trace_text(template, dumps(trace), title)
+
+
+def fill_trace_text(template: str, text: str, title: str) -> str:
+    """fill_trace for a trace already written as JSON text (`dumps`) and known valid: the live lab's, which it
+    also offers for download, so the text is made once."""
+    return fill_markers(template, {"__TITLE__": html.escape(title), "__TRACE__": text.translate(_SCRIPT_SAFE)})
 
 
 def fill_markers(template: str, values: dict[str, str]) -> str:
@@ -265,7 +271,7 @@ _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\
 
 def embed_json(trace: dict) -> str:
     """The trace as JSON text to put inside <script type="application/json">: no markup can end it early."""
-    return dumps(trace).translate(_SCRIPT_SAFE)
+    return dumps(trace).translate(_SCRIPT_SAFE)  # fill_trace_text does the same
 
 
 def _palette_css(palette) -> str:
