@@ -4,8 +4,9 @@ Builds on: everything (the CLI only wires parts together; tools/demo.py draws th
 Read with: README.md.
 
 The sub-commands of an app are that app's own: `bench` is added by bench/cli.py, `serve` by serve/cli.py,
-`assignment` by course/cli.py, each with its arguments and the function it runs; the rest are the tools' own,
-here. Every function a sub-command runs returns its exit status; `main` turns a user's mistake into one line.
+`assignment` by course/cli.py, each with its arguments and the function it runs; of the tools' own, `trace` is
+tools/trace_cli.py's, `lab` tools/lab.py's, and the rest are here. Every function a sub-command runs returns its
+exit status; `main` turns a user's mistake into one line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import time
 from pagedlab.bench.cli import add_command as bench_command
 from pagedlab.course.cli import add_command as assignment_command
 from pagedlab.serve.cli import add_command as serve_command
+from pagedlab.tools.demo_settings import DEMO_SETTINGS, add_demo_settings
 from pagedlab.tools.lab import add_command as lab_command
+from pagedlab.tools.trace_cli import add_command as trace_command
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -179,34 +182,6 @@ def _cmd_train_tiny(args: argparse.Namespace) -> int:
 
 
 # The scenario's settings a flag may change (unset: DemoOptions' defaults, the teaching scenario).
-def _on_off(text: str) -> bool:
-    """A flag's on/off value: on, off, true, false, 1, 0."""
-    words = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
-    if text.lower() not in words:
-        raise ValueError(f"expected on or off, got {text!r}")
-    return words[text.lower()]
-
-
-_on_off.__name__ = "on/off"  # argparse and --compare name the kind in their errors
-
-DEMO_SETTINGS = {
-    "stage": (str, "number or name (default: continuous)"),
-    "model": (str, "'tiny-shakespeare' (default) or a Hugging Face folder"),
-    "num_requests": (int, "default 10; more repeat the scenario's prompts"),
-    "max_tokens": (int, "the same output length for all (default: varied, 5 to 28)"),
-    "max_num_seqs": (int, "seats: requests running at once (default 6)"),
-    "block_size": (int, "tokens per KV block (default 8)"),
-    "num_kv_blocks": (int, "the KV pool's size in blocks (default 24)"),
-    "max_model_len": (int, "tokens per request at most; stage 1 reserves this many (default 96)"),
-    "preemption_mode": (str, "stage 5: recompute (default) or swap"),
-    "scheduling_policy": (str, "stage 5: fcfs (default) or priority (request i gets priority i % 3)"),
-    "enable_prefix_caching": (_on_off, "stage 4+: on (default) or off"),
-    "temperature": (float, "default 0.8; 0 = greedy"),
-    "seed": (int, "request i samples with seed + i (default 0)"),
-    "delay": (float, "seconds per live frame (default 0.3)"),
-}
-
-
 def _add_demo(sub) -> None:
     demo = sub.add_parser(
         "demo",
@@ -219,123 +194,8 @@ def _add_demo(sub) -> None:
     demo.add_argument("--json", action="store_true", help="stdout: one JSON summary of the run; tables to stderr")
     demo.add_argument("--no-live", action="store_true", help="a line per step (and what changed) instead")
     demo.add_argument("--figures", default=None, metavar="DIR", help="also write the chapters' figures into DIR")
-    _add_demo_settings(demo)
+    add_demo_settings(demo)
     demo.set_defaults(func=_cmd_demo)
-
-
-def _add_demo_settings(parser, skip: tuple[str, ...] = ()) -> None:
-    """A flag per DEMO_SETTINGS entry but `skip`. Their texts are plain prose ("i % 3"); argparse formats help
-    with %, so a literal % is doubled here, where the text becomes a help string."""
-    for name, (kind, help_text) in DEMO_SETTINGS.items():
-        if name not in skip:
-            flag, text = "--" + name.replace("_", "-"), help_text.replace("%", "%%")
-            parser.add_argument(flag, type=kind, default=None, help=text)
-
-
-def _cmd_trace(args: argparse.Namespace) -> int:
-    from pagedlab.tools.lab import trace_from_file, trace_of_lab
-
-    if not (args.html or args.json):
-        raise ValueError("html: give --html PATH (the page), --json PATH (the trace) or both")
-    if args.lab is not None or args.source is not None:
-        return trace_of_lab(args) if args.lab is not None else trace_from_file(args)
-    return _trace_demo(args)
-
-
-def _trace_demo(args: argparse.Namespace) -> int:
-    from pagedlab.lessons.demo import DemoOptions, demo_trace
-    from pagedlab.viz.page import write_html
-    from pagedlab.viz.trace import save
-
-    given = {name: getattr(args, name) for name in DEMO_SETTINGS if getattr(args, name, None) is not None}
-    trace = demo_trace(DemoOptions(**given, mode="log"), max_steps=args.max_steps)
-    if args.json:
-        print(f"wrote {save(trace, args.json)} ({len(trace['steps'])} steps)")
-    if not args.html:
-        return 0
-    if args.compare == "vllm":
-        return _trace_vllm(trace, args.html)
-    if args.compare:
-        from pagedlab.viz.page import _run_label, write_compare_html
-
-        name, value = _compare_setting(args.compare)
-        other = demo_trace(DemoOptions(**(given | {name: value}), mode="log"), max_steps=args.max_steps)
-        runs = [(_run_label(trace), trace), (f"{_run_label(other)}: {args.compare}", other)]
-        path = write_compare_html(runs, args.html, title=f"pagedlab: the demo's scenario, and with {args.compare}")
-        steps = f"{len(trace['steps'])} and {len(other['steps'])} steps"
-    else:
-        title = f"pagedlab: stage {trace['stage']} ({trace['stage_name']}), {len(trace['requests'])} requests"
-        path = write_html(trace, args.html, title=title)
-        steps = f"{len(trace['steps'])} steps"
-    print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB, {steps})")
-    return 0
-
-
-def _trace_vllm(trace: dict, path) -> int:
-    """--compare vllm: the same run through vLLM 0.33.0's own scheduler, beside it (`pagedlab fetch vllm` first)."""
-    from pagedlab.lessons.vllm_peer import vllm_trace
-    from pagedlab.viz.compare import divergences, summary
-    from pagedlab.viz.page import _run_label, _write, render_compare_html
-
-    theirs = vllm_trace(trace)
-    found = divergences(trace, theirs)
-    runs = [(f"pagedlab: {_run_label(trace)}", trace), (theirs["stage_name"], theirs)]
-    page = render_compare_html(runs, "pagedlab and vLLM's scheduler on the demo's scenario", found=found)
-    out = _write(page, path)
-    s, first = summary(found), found[0] if found else None
-    verdict = "the same decisions at every step" if not found else (
-        f"{len(found)} divergences, the first at step {first['step']} ({first['field']}: "
-        f"{first['ledger'] or 'unexplained'}); same schedule: {'yes' if s['same_schedule'] else 'no'}")  # fmt: skip
-    print(f"wrote {out} ({out.stat().st_size / 1024:.1f} KiB, {len(trace['steps'])} and {len(theirs['steps'])} "
-          f"steps): {verdict}")  # fmt: skip
-    return 0
-
-
-def _compare_setting(text: str) -> tuple[str, object]:
-    """--compare NAME=VALUE: one demo setting (DEMO_SETTINGS) changed for the second run."""
-    name, sep, value = text.partition("=")
-    name = name.strip().replace("-", "_")
-    if not sep or name not in DEMO_SETTINGS or name == "delay":
-        known = ", ".join(n.replace("_", "-") for n in DEMO_SETTINGS if n != "delay")
-        raise ValueError(f"compare: expected NAME=VALUE with NAME one of {known}, got {text!r}")
-    kind = DEMO_SETTINGS[name][0]
-    try:
-        return name, kind(value)
-    except ValueError:
-        raise ValueError(f"compare: {name} wants {kind.__name__}, got {value!r}") from None
-
-
-def _add_trace(sub) -> None:
-    trace = sub.add_parser(
-        "trace",
-        help="run the demo's scenario and write a page to step through it in a browser (--html run.html)",
-        description="Runs the scenario of `pagedlab demo` to the end (no live view) and writes one self-contained "
-        "HTML file: queues, block tables, the KV pool, token budget and a Gantt of the run, step by step. "
-        "Open run.html#step=N to start at step N. --lab runs the live lab's workload instead (`pagedlab lab`); "
-        "--json writes the trace itself, which the lab's page opens, and --from draws one (the lab's download too).",
-    )
-    trace.add_argument("--html", default=None, metavar="PATH", help="the page to write, e.g. run.html")
-    trace.add_argument("--json", default=None, metavar="PATH", help="the trace itself, as JSON (viz/trace.py)")
-    trace.add_argument(
-        "--lab",
-        default=None,
-        metavar="KNOBS",
-        help="run the live lab's workload instead, on knobs written as its address says (e.g. 'stage=4&seed=3'; "
-        "'' for the defaults): the page's run, step for step",
-    )
-    trace.add_argument(
-        "--from", dest="source", default=None, metavar="JSON", help="draw a trace saved before (--json, or the lab's)"
-    )
-    trace.add_argument("--max-steps", type=int, default=10_000, help="give up after this many engine steps")
-    trace.add_argument(
-        "--compare",
-        default=None,
-        metavar="NAME=VALUE|vllm",
-        help="also run with one setting changed (e.g. stage=prefix, preemption-mode=swap) and show both side by "
-        "side; or `vllm`: the same run through vLLM 0.33.0's own scheduler (after `pagedlab fetch vllm`)",
-    )
-    _add_demo_settings(trace, skip=("delay",))  # no live view here
-    trace.set_defaults(func=_cmd_trace)
 
 
 def _add_generate(sub) -> None:
@@ -358,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedlab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    _add_trace(sub)
+    trace_command(sub)
     lab_command(sub)
     _add_generate(sub)
 
