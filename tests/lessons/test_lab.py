@@ -45,6 +45,8 @@ def test_a_fragment_names_the_knobs_that_differ_and_reads_back():
         ("num_requests=501", "num_requests"),
         ("sliding_window=-1", "sliding_window"),
         ("seed=-2", "seed"),
+        ("num_kv_blocks=4097", "num_kv_blocks"),
+        ("block_size=257", "block_size"),
         ("colour=red", "colour"),
         ("stage", "stage"),
     ],
@@ -52,6 +54,11 @@ def test_a_fragment_names_the_knobs_that_differ_and_reads_back():
 def test_a_bad_knob_is_a_value_error_naming_it(fragment, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         LabOptions.from_fragment(fragment)
+
+
+def test_a_run_whose_trace_would_not_fit_a_page_stops_naming_what_to_change():
+    with pytest.raises(ValueError, match="^num_requests: past step .* pool cells"):
+        run_lab(LabOptions(num_requests=500, num_kv_blocks=4096, max_num_seqs=3))
 
 
 def test_a_knob_the_engine_refuses_is_named_by_the_engine():

@@ -86,7 +86,7 @@ def test_a_bad_trace_command_is_one_line_naming_the_field(argv, message, capsys,
 
 def test_the_page_calls_say_a_bad_knob_or_a_bad_file_as_an_error_not_a_traceback():
     lab_browser.set_template(page_template())
-    assert json.loads(lab_browser.run("block_size=0")) == {"error": "block_size: expected 1 to 100000, got 0"}
+    assert json.loads(lab_browser.run("block_size=0")) == {"error": "block_size: expected 1 to 256, got 0"}
     assert json.loads(lab_browser.show("{")).get("error", "").startswith("trace: ")
     assert json.loads(lab_browser.show('{"version": 2}'))["error"].startswith("trace: ")
     done = json.loads(lab_browser.run("num_requests=3"))

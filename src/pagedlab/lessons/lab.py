@@ -35,13 +35,14 @@ from pagedlab.worker.token_source import TokenSourceRunner
 STAGES = (2, 3, 4, 5)  # the lab's stages: paged blocks to continuous batching (1 has no pool; 6 needs a GPU)
 EVICTIONS = ("lru", "fifo", "lfu", "slru")  # the prefix cache's online eviction policies (kv/eviction.py)
 MAX_REQUESTS = 500  # a run of this many takes a few seconds in a browser tab
-MAX_STEPS = 20_000  # no run of MAX_REQUESTS comes near it; a bound on the loop all the same
+MAX_STEPS = 10_000  # the engine's trace keeps this many steps (EngineConfig.max_trace_steps): a run stops there
+MAX_CELLS = 4_000_000  # steps x num_kv_blocks: the pool's cells a trace may hold (about 20 MB of JSON)
 
 
 @dataclass(frozen=True)
 class LabOptions:
-    """The lab's knobs, named as the engine's settings (config.py) where they are one; the defaults are a run that
-    shows a chunked prefill, prefix-cache hits, a fork and a preemption within its first steps at stage 5."""
+    """The lab's knobs, named as the engine's settings (config.py) where they are one; the defaults are a run of
+    stage 5 with chunked prefills, prefix-cache hits, forks, copies and preemptions (RANGES bounds each)."""
 
     stage: int = 5  # 2 .. 5
     block_size: int = 8  # tokens per KV block
@@ -101,22 +102,21 @@ def _show(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+RANGES = {"block_size": (1, 256), "num_kv_blocks": (1, 4096), "max_num_seqs": (1, 256),
+          "max_num_batched_tokens": (1, 65_536), "long_prefill_token_threshold": (0, 65_536),
+          "sliding_window": (0, MAX_MODEL_LEN), "num_requests": (1, MAX_REQUESTS), "seed": (0, 2**31 - 1)}  # fmt: skip
+
+
 def _check_options(o: LabOptions) -> None:
-    """The lab's own ranges (the engine checks the rest when the run starts, naming the field)."""
+    """The lab's own ranges, which keep a run and its trace small enough to draw (the engine checks the rest when
+    the run starts, naming the field)."""
     if o.stage not in STAGES:
         raise ValueError(f"stage: the lab runs stages {STAGES[0]}-{STAGES[-1]}, got {o.stage!r}")
     if o.eviction_policy not in EVICTIONS:
         raise ValueError(f"eviction_policy: expected one of {', '.join(EVICTIONS)}, got {o.eviction_policy!r}")
-    if not 1 <= o.num_requests <= MAX_REQUESTS:
-        raise ValueError(f"num_requests: expected 1 to {MAX_REQUESTS}, got {o.num_requests!r}")
-    for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
-        if not 1 <= getattr(o, name) <= 100_000:
-            raise ValueError(f"{name}: expected 1 to 100000, got {getattr(o, name)!r}")
-    if not (0 <= o.sliding_window <= MAX_MODEL_LEN and 0 <= o.long_prefill_token_threshold <= 100_000):
-        bad = "sliding_window" if not 0 <= o.sliding_window <= MAX_MODEL_LEN else "long_prefill_token_threshold"
-        raise ValueError(f"{bad}: out of range, got {getattr(o, bad)!r}")
-    if o.seed < 0:
-        raise ValueError(f"seed: expected an integer >= 0, got {o.seed!r}")
+    for name, (low, high) in RANGES.items():
+        if not low <= getattr(o, name) <= high:
+            raise ValueError(f"{name}: expected {low} to {high}, got {getattr(o, name)!r}")
 
 
 class StepClock:
@@ -162,8 +162,12 @@ class LabRun:
                 return
             self.clock.now = float(self.engine.stats.num_steps + 1)
             self.engine.step()
+            done = self.engine.stats.num_steps
+            if done * self.options.num_kv_blocks > MAX_CELLS:
+                raise ValueError(f"num_requests: past step {done} the trace would hold more than {MAX_CELLS} pool "
+                                 "cells (steps x num_kv_blocks): ask for fewer requests or a smaller pool")  # fmt: skip
             yield self.engine.stats.num_steps
-        raise ValueError(f"max_steps: requests still unfinished after {max_steps} engine steps")
+        raise ValueError(f"num_requests: still unfinished after {max_steps} engine steps (the trace keeps no more)")
 
     def run_to(self, step: int) -> LabRun:
         """Run until `step` steps have run (or all have: the run is shorter), then queue the next step's arrivals:
