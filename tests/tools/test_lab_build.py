@@ -111,3 +111,27 @@ def test_the_page_calls_say_a_bad_knob_or_a_bad_file_as_an_error_not_a_traceback
 )
 def test_a_learners_answer_is_read_as_the_questions_kind(kind, text, guess):
     assert lab_browser.parse_guess(kind, text) == guess
+
+
+def test_pagedlab_lab_serves_the_page_on_127_0_0_1_until_stopped(tmp_path):
+    """`pagedlab lab`: the folder built in a temporary place and served; the WebAssembly as application/wasm."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    need_pyodide()
+    command = [sys.executable, "-c", "from pagedlab.tools.cli import main; main()", "lab", "--port", "0"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # "the lab: http://127.0.0.1:PORT/lab.html  (Ctrl-C to stop)"
+        url = line.split()[2]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/lab.html"), line
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert b"pagedlab: the live lab" in page.read()
+        with urllib.request.urlopen(url.replace("lab.html", "lab/pyodide/pyodide.asm.wasm"), timeout=10) as wasm:
+            assert wasm.headers["Content-Type"] == "application/wasm"
+    finally:
+        server.send_signal(signal.SIGINT)  # Ctrl-C: the temporary folder is removed on the way out
+        server.wait(timeout=10)
+    assert server.returncode == 130

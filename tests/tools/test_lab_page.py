@@ -8,6 +8,7 @@ the DOM (a change event, as a person's edit fires), and the block tables the pag
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -190,7 +191,30 @@ def test_a_prediction_is_asked_before_the_step_and_judged_as_the_notebooks_judge
     browser.eval("document.getElementById('predict').checked = false")
 
 
-def test_a_desktop_trace_opens_in_the_page_and_the_pages_download_is_a_trace(browser, tmp_path):
+def test_the_download_button_saves_the_trace_that_pagedlab_trace_draws(browser, tmp_path):
+    turn(browser, {"stage": 3, "seed": 1})
+    browser.send("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)}, session=False)
+    browser.click("#download")
+    found = []
+    for _ in range(100):  # the file lands a moment after the click: 5 s at most
+        found = sorted(tmp_path.glob("*.json"))  # (Chromium writes a .crdownload first, then renames it)
+        if found:
+            break
+        time.sleep(0.05)
+    (saved,) = found
+    assert saved.name == "pagedlab-lab-stage=3_seed=1.json"
+    assert load(saved) == run_lab(LabOptions(stage=3, seed=1))
+    assert run_cli_ok("trace", "--from", str(saved), "--html", str(tmp_path / "run.html"))
+    reset(browser)
+
+
+def run_cli_ok(*argv: str) -> bool:
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    return done.value.code == 0
+
+
+def test_a_desktop_trace_opens_in_the_page(browser, tmp_path):
     demo = tmp_path / "demo.json"
     with pytest.raises(SystemExit):
         main(["trace", "--json", str(demo)])  # the demo's run, with its model: any trace opens

@@ -97,18 +97,20 @@ def render_lab_page() -> str:
 
 
 def lab_description() -> dict:
+    """What the page builds its knobs from: each knob's kind, default and choices; for each stage, the knobs of
+    those some stages ignore that it reads (the others are greyed out)."""
     defaults = LabOptions()
     choices = {"stage": list(STAGES), "preemption_mode": ["recompute", "swap"],
                "scheduling_policy": ["fcfs", "priority"], "eviction_policy": list(EVICTIONS)}  # fmt: skip
-    used = {s: sorted(k for k in KNOBS if k in get_preset(s).uses) for s in STAGES}
-    used = {s: names + (["eviction_policy"] if s >= 4 else []) for s, names in used.items()}
+    reads = {s: sorted(k for k in KNOBS if k in get_preset(s).uses) + (["eviction_policy"] if s >= 4 else [])
+             for s in STAGES}  # fmt: skip
     return {
         "knobs": [
             {"name": f.name, "kind": f.type, "default": getattr(defaults, f.name), "choices": choices.get(f.name)}
             for f in fields(LabOptions)
         ],  # fmt: skip
-        "stage_only": {s: names for s, names in used.items()},  # of the knobs some stages ignore, the ones each reads
-        "optional": sorted({k for names in used.values() for k in names}),
+        "stage_only": reads,
+        "optional": sorted({k for names in reads.values() for k in names}),
         "pyodide": PYODIDE.version,
     }
 
