@@ -166,6 +166,16 @@ def test_an_address_opens_the_lab_with_its_knobs(browser, site):
     reset(browser)
 
 
+def test_a_broken_address_is_said_under_the_knobs(browser, site):
+    assert only_local(browser.requests, site.url) == []
+    browser.open(site.url + "lab.html#num_requests=%E0&stage=9")
+    browser.wait_for("window.labTimes && window.labTimes.attempts >= 1", timeout=120)
+    assert browser.eval("document.getElementById('error').textContent").startswith("stage: ")
+    assert not browser.errors, browser.report()
+    browser.open(site.url + "lab.html")
+    browser.wait_for(READY.format(n=1), timeout=120)
+
+
 # --- predictions, files ------------------------------------------------------------------------------------
 
 
