@@ -58,6 +58,17 @@ KINDS = {
         "Qwen2ForCausalLM",
         {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
     ),
+    # A hybrid model as transformers' newer configs write one (gpt-oss, Gemma): `layer_types`, layer by layer.
+    "qwen2-hybrid": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "use_sliding_window": True,
+            "sliding_window": 8,
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        },
+    ),
 }
 
 
@@ -66,7 +77,7 @@ def build_hf_model(kind: str, seed: int = 0):
     import transformers
 
     config_cls, model_cls, extra = KINDS[kind]
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config = getattr(transformers, config_cls)(**(COMMON | extra))
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).float().eval()
     return model
