@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 
 from pagedlab import LLM, SamplingParams
 from pagedlab.kv.block_pool import cdiv
+from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager

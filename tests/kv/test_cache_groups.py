@@ -6,8 +6,8 @@ import json
 import subprocess
 
 import pytest
-from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 
+from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 from tests.conftest import need_vllm
 
 F, S = None, 8  # a full-attention layer, a sliding layer of window 8

@@ -166,7 +166,7 @@ class LabRun:
             if done * self.options.num_kv_blocks > MAX_CELLS:
                 raise ValueError(f"num_requests: past step {done} the trace would hold more than {MAX_CELLS} pool "
                                  "cells (steps x num_kv_blocks): ask for fewer requests or a smaller pool")  # fmt: skip
-            yield self.engine.stats.num_steps
+            yield done
         raise ValueError(f"num_requests: still unfinished after {max_steps} engine steps (the trace keeps no more)")
 
     def run_to(self, step: int) -> LabRun:

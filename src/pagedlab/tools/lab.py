@@ -60,7 +60,7 @@ def lab_modules() -> list[Path]:
                             timeout=300, check=False)  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"the lab does not run without torch: {result.stderr.strip().splitlines()[-1:]}")
-    return [Path(line) for line in result.stdout.split()]
+    return [Path(line) for line in result.stdout.splitlines() if line]  # a path may hold spaces
 
 
 def build_lab(out: str | Path) -> Path:
