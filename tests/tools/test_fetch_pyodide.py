@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import tarfile
 from dataclasses import replace
 
@@ -49,10 +50,12 @@ def test_a_pinned_tarball_gives_the_files_a_page_needs_and_a_manifest(home):
     assert sorted(p.name for p in folder.iterdir()) == sorted([*fp.FILES, "NOTICE", fp.COMPLETE])  # no console
     assert (folder / "pyodide.asm.wasm").read_bytes() == b"<pyodide.asm.wasm>"
     assert fp.fetched_problem(source) is None and fp.verify_pyodide(source, log=lambda _: None) == []
+    sha = json.loads((folder / fp.COMPLETE).read_text())["files"]["python_stdlib.zip"]["sha256"]
     (folder / "python_stdlib.zip").write_bytes(b"<python_stdlib.zap>")  # same size, other bytes
-    assert fp.verify_pyodide(source, log=lambda _: None) == ["python_stdlib.zip"]
+    (bad,) = fp.verify_pyodide(source, log=lambda _: None)  # the registry's words for a model folder's file
+    assert bad.startswith("python_stdlib.zip: sha256 ") and bad.endswith("is not the manifest's " + sha)
     (folder / "python_stdlib.zip").write_bytes(b"short")
-    assert fp.fetched_problem(source) == "python_stdlib.zip differs from the manifest"
+    assert fp.fetched_problem(source) == "python_stdlib.zip: 5 bytes, the manifest says 19"
     fp.fetch_pyodide(source, tarball=home / "p.tgz", log=lambda _: None)  # a damaged folder is fetched again
     assert fp.verify_pyodide(source, log=lambda _: None) == []
 
@@ -76,3 +79,15 @@ def test_a_member_that_is_a_link_or_missing_is_refused(home):
 def test_the_pin_is_the_registrys_integrity_of_the_version_the_lab_names():
     assert fp.PYODIDE.url.endswith(f"/pyodide-{fp.PYODIDE.version}.tgz")
     assert fp.PYODIDE.integrity.startswith("sha512-") and len(base64.b64decode(fp.PYODIDE.integrity[7:])) == 64
+
+
+def test_a_file_left_in_the_folder_or_a_broken_manifest_is_named(home):
+    data = tarball({name: b"x" for name in fp.FILES})
+    (home / "p.tgz").write_bytes(data)
+    source = pinned(data)
+    folder = fp.fetch_pyodide(source, tarball=home / "p.tgz", log=lambda _: None)
+    (folder / "extra.js").write_text("x")
+    assert fp.fetched_problem(source) == "extra.js: not in the manifest"
+    (folder / "extra.js").unlink()
+    (folder / fp.COMPLETE).write_text('{"files": {"../x": {"size": 1}}}')
+    assert "field 'files' must map file names" in fp.fetched_problem(source)

@@ -20,6 +20,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedlab.model import registry
-from pagedlab.model.registry import cache_dir
+from pagedlab.model.registry import COMPLETE, cache_dir
 from pagedlab.tools.fetch import _make_folder
 
 
@@ -50,7 +51,6 @@ PYODIDE = PyodideSource(
 FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
          "package.json", "README.md")  # fmt: skip
 MAX_FILE = 32 << 20  # no file of the package comes near it
-COMPLETE = ".complete"
 NOT_FETCHED = "not fetched yet"
 LICENCE = "Pyodide is distributed under the Mozilla Public License 2.0 (https://github.com/pyodide/pyodide)."
 
@@ -59,18 +59,23 @@ def pyodide_home(source: PyodideSource = PYODIDE) -> Path:
     return cache_dir() / "pyodide" / source.version
 
 
-def fetched_problem(source: PyodideSource = PYODIDE) -> str | None:
-    """None when fetched and every file is of its manifest's size; else what is wrong, in words."""
+def fetched_problem(source: PyodideSource = PYODIDE, hashes: bool = False) -> str | None:
+    """None when fetched and whole (model/registry.py's checks of a manifest: every listed file regular and of its
+    size, nothing unlisted; `hashes`: each sha256 too); else what is wrong, in words."""
+    problems = _problems(source, hashes)
+    return registry.first_problem(problems)
+
+
+def _problems(source: PyodideSource, hashes: bool) -> list[str]:
     home = pyodide_home(source)
+    if not os.path.lexists(home / COMPLETE):
+        return [NOT_FETCHED]
     try:
-        manifest = json.loads((home / COMPLETE).read_text())
-    except (OSError, ValueError):
-        return NOT_FETCHED
-    for name, entry in manifest.get("files", {}).items():
-        path = home / name
-        if not path.is_file() or path.is_symlink() or path.stat().st_size != entry["size"]:
-            return f"{name} differs from the manifest"
-    return None if set(manifest.get("files", {})) >= set(FILES) else "the manifest lacks files"
+        files = registry.read_manifest(home)  # bounded and checked, as a model folder's
+    except ValueError as e:
+        return [str(e)]
+    missing = [f"{name}: not in the manifest" for name in FILES if name not in files]
+    return missing + registry.manifest_problems(home, files, hashes=hashes)
 
 
 def fetch_pyodide(source: PyodideSource = PYODIDE, tarball: Path | None = None, force: bool = False, log=print):
@@ -127,16 +132,10 @@ def extract(data: bytes, into: Path) -> None:
 
 
 def verify_pyodide(source: PyodideSource = PYODIDE, log=print) -> list[str]:
-    """The files whose sha256 differs from the manifest (or why there is none), each said in a line."""
-    home = pyodide_home(source)
-    problem = fetched_problem(source)
-    if problem is not None:
+    """Every way the fetched files differ from the manifest, sha256s included (empty: all match), each logged."""
+    bad = _problems(source, hashes=True)
+    for problem in bad:
         log(f"pyodide {source.version}: {problem}")
-        return [problem]
-    manifest = json.loads((home / COMPLETE).read_text())
-    bad = [n for n, e in manifest["files"].items() if registry.sha256_of(home / n) != e["sha256"]]
-    for name in bad:
-        log(f"pyodide {source.version}: {name}: sha256 differs from the manifest")
     if not bad:
-        log(f"pyodide {source.version}: every file matches its manifest, in {home}")
+        log(f"pyodide {source.version}: every file matches its manifest, in {pyodide_home(source)}")
     return bad
