@@ -1,6 +1,7 @@
 """Stage 5: a run as data (a recording), and its replay through pagedlab's scheduler with the tokens it sampled.
 
-Builds on: engine/stats.py (StepTrace, the recorded steps), stages.py (the stage-5 parts), request.py.
+Builds on: engine/stats.py (StepTrace, the recorded steps), stages.py (the stage-5 parts), request.py,
+worker/token_source.py (the runner that samples the recorded tokens).
 Read with: chapters/09-graduate-to-vllm.md.
 
 A recording holds what decides a schedule and nothing else: the engine settings, each request's prompt
@@ -28,6 +29,7 @@ from pagedlab.engine.stats import StepTrace
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sampling_params import SamplingParams
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
+from pagedlab.worker.token_source import TokenSourceRunner
 
 CONFIG_FIELDS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                  "long_prefill_token_threshold", "enable_prefix_caching", "preemption_mode", "num_swap_blocks",
@@ -116,7 +118,8 @@ class ReplayEngine:
             preset = replace(preset, kv_parts=preset.kv_parts | {"prefix_index": prefix_index})
         self.kv_manager = make_kv_manager(self.config, preset)
         self.scheduler = make_scheduler(self.config, preset, self.kv_manager)
-        self.specs = {r["id"]: r for r in recording["requests"]}
+        recorded = {r["id"]: r["output_token_ids"] for r in recording["requests"]}
+        self.runner = TokenSourceRunner(vocab_size=1, recorded=recorded)  # the recording's tokens, never a seeded one
         self.pending = deque(sorted(recording["requests"], key=lambda r: r["arrival_step"]))  # stable: added order
         self.ends: dict[int, list] = {}
         for step, rid, reason in recording.get("ends", []):
@@ -172,9 +175,4 @@ class ReplayEngine:
 
     def _sampled(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Every request whose known tokens are all fed this step samples its recorded next token."""
-        fed, ids, tokens = out.num_scheduled_tokens, [], []
-        for r in out.scheduled:
-            if r.num_computed_tokens + fed[r.request_id] == r.num_tokens:
-                ids.append(r.request_id)
-                tokens.append(self.specs[r.request_id]["output_token_ids"][r.num_output_tokens])
-        return ModelRunnerOutput(ids, tokens, [0.0] * len(ids), [None] * len(ids))
+        return self.runner.execute(out)

@@ -1,6 +1,6 @@
 """Stage 2: what the live lab's page calls in Pyodide: a run's page and trace, and prediction questions on it.
 
-Builds on: lessons/lab.py (LabOptions, LabRun), viz/page.py (fill_trace: the step-through page), viz/trace.py,
+Builds on: lessons/lab.py (LabOptions, LabRun), viz/page.py (fill_trace_text: the step-through page), viz/trace.py,
 lessons/predict.py (the notebooks' questions, asked here about the lab's engine).
 Read with: chapters/05-continuous-batching.md (The live lab).
 
@@ -20,7 +20,7 @@ import json
 
 from pagedlab.lessons import predict
 from pagedlab.lessons.lab import LabOptions, LabRun, run_lab
-from pagedlab.viz.page import fill_trace, fill_trace_text
+from pagedlab.viz.page import fill_trace_text
 from pagedlab.viz.trace import TRACE_LIMIT, dumps, from_json
 
 _TEMPLATE: list[str] = []  # the step-through page, colours filled (viz/page.py page_template), once set
@@ -63,7 +63,8 @@ def show(text: str) -> str:
         trace = from_json(text)
     except ValueError as e:
         return json.dumps({"error": f"trace: {e}"})
-    _LAST["trace"], _LAST["page"] = text, fill_trace(_TEMPLATE[0], trace, "pagedlab: a trace from a file")
+    title = "pagedlab: a trace from a file"
+    _LAST["trace"], _LAST["page"] = text, fill_trace_text(_TEMPLATE[0], text, title)  # from_json validated it
     return json.dumps({"steps": trace["steps"][-1]["step"] if trace["steps"] else 0})
 
 
@@ -99,7 +100,7 @@ def pick(engine, step: int) -> tuple[str, dict]:
     scheduler, out = predict.ahead(engine)
     stage, running = engine.config.stage, list(engine.scheduler.running)
     admitted = [r for r in scheduler.running if r.request_id not in {x.request_id for x in running}]
-    ending = [r for r in out.scheduled if _ends(r, out)]
+    ending = [r for r in out.scheduled if predict.samples_its_last(r, out)]
     found = []
     if stage == 5 and out.preempted_req_ids:
         found.append(("05-victim", {}))
@@ -119,12 +120,6 @@ def pick(engine, step: int) -> tuple[str, dict]:
     if decoding:
         found += [("02-next-block", {"rid": decoding[0].request_id}), ("02-next-slot", {"rid": decoding[0].request_id})]
     return found[step % len(found)] if found else ("02-admitted", {})
-
-
-def _ends(r, out) -> bool:
-    """r samples its last token in the step `out` schedules (ignore_eos: at max_tokens)."""
-    fed = r.num_computed_tokens + out.num_scheduled_tokens[r.request_id]
-    return fed >= r.num_tokens and r.num_output_tokens + 1 >= r.max_tokens
 
 
 def parse_guess(kind: str, text: str):

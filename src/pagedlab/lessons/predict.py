@@ -101,10 +101,15 @@ def _free_after_step(state, **_) -> list[int]:
     set ignore_eos: a request ends when it samples its max_tokens-th token)."""
     scheduler, out = ahead(state)
     for request in out.scheduled:
-        fed = request.num_computed_tokens + out.num_scheduled_tokens[request.request_id]
-        if fed >= request.num_tokens and request.num_output_tokens + 1 >= request.max_tokens:
+        if samples_its_last(request, out):
             scheduler.kv.free(request)
     return [b.block_id for b in scheduler.kv.pool.free_block_queue.get_all_free_blocks()]
+
+
+def samples_its_last(request, out) -> bool:
+    """`request` samples its last token in the step `out` schedules (ignore_eos: its max_tokens-th)."""
+    fed = request.num_computed_tokens + out.num_scheduled_tokens[request.request_id]
+    return fed >= request.num_tokens and request.num_output_tokens + 1 >= request.max_tokens
 
 
 def _admitted(state, **_) -> set[str]:
