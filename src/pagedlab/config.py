@@ -48,12 +48,15 @@ class EngineConfig:
     max_trace_steps: int = 10_000  # the trace keeps the last this many steps (a ring: a long run stays bounded)
     debug_checks: bool = False  # check every invariant after every step (slow; for tests)
     sliding_window: int = 0  # from the model (stages 2+): every layer's window, so blocks behind it are freed; 0 = none
+    # from a hybrid model (stages 2+): each layer's window (None: full attention) when the layers differ; the KV
+    # cache then keeps one block table per KV cache group (kv/hybrid.py); () = one group
+    layer_windows: tuple = ()
 
     @classmethod
     def checked_overrides(cls, overrides: dict) -> dict:
         """The keyword settings a user gave, each a known field of its annotated type ("512MiB" -> bytes)."""
         kinds = {f.name: f.type for f in fields(cls)}  # "int" | "bool" | "str" (annotations are strings here)
-        known = set(kinds) - {"stage", "stage_name"}
+        known = set(kinds) - {"stage", "stage_name", "layer_windows"}  # the last comes from the model
         if isinstance(overrides.get("kv_cache_memory"), str):
             overrides = overrides | {"kv_cache_memory": parse_bytes(overrides["kv_cache_memory"], "kv_cache_memory")}
         for name, value in overrides.items():

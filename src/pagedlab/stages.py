@@ -23,9 +23,11 @@ from dataclasses import dataclass, field, replace
 from pagedlab.attention.backends import BACKENDS
 from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
 from pagedlab.kv.block_pool import FreeKVCacheBlockQueue
+from pagedlab.kv.cache_groups import kv_cache_groups
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
 from pagedlab.kv.cow import CowKVCacheManager
 from pagedlab.kv.hashing import HashChainIndex
+from pagedlab.kv.hybrid import HybridKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
@@ -227,8 +229,12 @@ def config_for_model(stage: int | str, model_config, **overrides) -> EngineConfi
         raise ValueError("sliding_window: comes from the model's config.json (sliding_window, layer_types)")
     per_token = kv_bytes_per_token(model_config, dtype)
     cfg = engine_config(stage, model_config.max_position_embeddings, per_token, **overrides)
-    window = model_config.kv_window if cfg.stage >= 2 else None  # stage 1's regions are reserved whole
-    return replace(cfg, sliding_window=window or 0)
+    if cfg.stage < 2:  # stage 1's regions are reserved whole
+        return cfg
+    windows = model_config.layer_windows
+    if len(set(windows)) > 1:  # layers of different kinds: one KV cache group per kind (kv/cache_groups.py)
+        return replace(cfg, layer_windows=tuple(windows))
+    return replace(cfg, sliding_window=model_config.kv_window or 0)
 
 
 def resolve_backend(cfg: EngineConfig, preset: StagePreset) -> str:
@@ -280,7 +286,13 @@ def make_attention(config, kv_cache, num_queries_per_kv: int, head_dim: int, win
 
 
 def make_kv_manager(config, preset: StagePreset):
-    """The preset's KV manager for `config`, with the preset's parts (a prefix index and its eviction policy)."""
+    """The preset's KV manager for `config`, with the preset's parts (a prefix index and its eviction policy); for a
+    hybrid model, that manager once per KV cache group under kv/hybrid.py's coordinator."""
+    if len(set(config.layer_windows)) > 1:
+        if config.stage < 2:
+            raise ValueError(f"layer_windows: stage {config.stage} keeps no paged KV cache to split into groups")
+        groups = kv_cache_groups(config.layer_windows)
+        return HybridKVCacheManager.for_config(preset.kv_manager, groups, config, **preset.kv_parts)
     return preset.kv_manager.from_config(config, **preset.kv_parts)
 
 

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from pagedlab import LLM, SamplingParams
 from pagedlab.kv.block_pool import cdiv
-from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.kv.prefix import PrefixCachingKVCacheManager
 from pagedlab.kv.swap import SwappingKVCacheManager
@@ -30,7 +29,7 @@ MAX_TOKENS = 24
 def folders(tmp_path_factory):
     """kind -> (folder, transformers' greedy tokens for PROMPTS)."""
     out = {}
-    for kind in ("mistral", "qwen2-window", "qwen2-mixed", "qwen2-hybrid"):
+    for kind in ("mistral", "qwen2-window", "qwen2-mixed"):
         folder = tmp_path_factory.mktemp(kind)
         hf = save_hf_model(kind, folder)
         with torch.no_grad():
@@ -55,6 +54,7 @@ def test_the_configs_say_which_layers_slide(folders):
     assert ModelConfig.from_file(folders["qwen2-window"][0] / "config.json").kv_window == WINDOW
     mixed = ModelConfig.from_file(folders["qwen2-mixed"][0] / "config.json")
     assert mixed.layer_windows == (None, WINDOW) and mixed.kv_window is None  # a full layer needs every block
+    # (a model of both kinds keeps a table per kind: tests/engine/test_hybrid.py)
 
 
 @pytest.mark.stage2
@@ -68,26 +68,6 @@ def test_greedy_tokens_equal_transformers_and_nothing_leaks(folders, kind, stage
     kv = llm.engine.kv_manager
     assert llm.engine.config.sliding_window == WINDOW and kv.window.null_block is not None
     assert kv.num_used_blocks == 0 and kv.window.null_block.ref_cnt == 0  # every block back, the null block untouched
-
-
-@pytest.mark.stage2
-@pytest.mark.parametrize("stage", [2, 5])
-def test_a_model_with_one_full_layer_keeps_every_block_and_still_equals_transformers(folders, stage):
-    folder, want = folders["qwen2-mixed"]
-    llm, got = run(folder, stage=stage, block_size=4)
-    assert got == want and llm.engine.config.sliding_window == 0 and llm.engine.kv_manager.window.null_block is None
-
-
-@pytest.mark.parametrize("stage", [2, 3, 4, 5])
-def test_a_hybrid_model_equals_transformers_and_its_layers_form_vllms_two_groups(folders, stage):
-    """layer_types alternating sliding and full (gpt-oss's pattern): the tokens are transformers'; the KV cache,
-    one table for every layer today, keeps every block (a full layer reads them all), and the groups vLLM would
-    keep a table each for are the sliding layers and the full ones (kv/cache_groups.py)."""
-    folder, want = folders["qwen2-hybrid"]
-    llm, got = run(folder, stage=stage, block_size=4)
-    assert got == want and llm.engine.config.sliding_window == 0
-    windows = ModelConfig.from_file(folder / "config.json").layer_windows
-    assert kv_cache_groups(windows) == [KVCacheGroup(WINDOW, (0, 2), 2), KVCacheGroup(None, (1, 3), 2)]
 
 
 def test_the_window_changes_the_tokens(folders, tmp_path):

@@ -1,6 +1,6 @@
 """Stage 5: the differential test: the same random workloads through pagedlab's scheduler and vLLM 0.33.0's own.
 
-Seven families x 20 seeds (lessons/differential.py), each a recording replayed through pagedlab's stage 5
+Eight families x 20 seeds (lessons/differential.py), each a recording replayed through pagedlab's stage 5
 (engine/replay.py) and through vLLM's v1 Scheduler in its own process (lessons/vllm_peer.py: one launch for all
 of them; importing vLLM takes most of the time). Every step's decisions are compared (viz/compare.py): the
 requests scheduled and their token counts, the preemptions, the finish order and reasons, the cached tokens

@@ -7,20 +7,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedlab import SamplingParams
-from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.request import Request, RequestStatus
 from pagedlab.sched.continuous import ContinuousScheduler
 from pagedlab.sched.output import ModelRunnerOutput
 from pagedlab.sched.sharing import PromptSharing
-from pagedlab.stages import engine_config
-from pagedlab.worker.block_table import BlockTableBuffer
+from pagedlab.stages import engine_config, get_preset, make_kv_manager
+from pagedlab.worker.block_table import BlockTableBuffer, MultiGroupBlockTable
 
 pytestmark = pytest.mark.stage5
 
 
 def make(
-    num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None, window=0
-):
+    num_kv_blocks=32, max_num_seqs=4, budget=8, threshold=0, policy=None, caching=True, mode=None, swap=None, window=0,
+    layers=(),
+):  # fmt: skip
     cfg = engine_config(
         5,
         256,
@@ -36,8 +36,8 @@ def make(
         preemption_mode=mode,
         num_swap_blocks=swap,
     )
-    cfg = replace(cfg, sliding_window=window)  # (a model's, not a setting: engine_config refuses it)
-    return ContinuousScheduler(cfg, SwappingKVCacheManager.from_config(cfg), PromptSharing)
+    cfg = replace(cfg, sliding_window=window, layer_windows=layers)  # (a model's, not settings: engine_config refuses)
+    return ContinuousScheduler(cfg, make_kv_manager(cfg, get_preset(5)), PromptSharing)
 
 
 def req(rid, prompt_len, max_tokens, first=2, **kw):
@@ -377,6 +377,30 @@ def random_window_stream(stream, num_kv_blocks, budget, window, max_num_seqs, ab
     run_stream(s, stream, aborts, starts=1)  # every prompt a prefix of the longer ones
 
 
+@settings(max_examples=300)
+@given(
+    stream=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 6), st.integers(0, 6), st.sampled_from([1, 1, 2])),
+        min_size=2,
+        max_size=8,
+    ),
+    num_kv_blocks=st.integers(12, 24),  # two groups share it: tight
+    budget=st.integers(3, 8),
+    threshold=st.sampled_from([0, 1, 3]),
+    layers=st.sampled_from([(None, 8), (8, None, 8, None), (None, 4, 4, 4, 4, 4), (None, 12, None, 4)]),
+    max_num_seqs=st.integers(2, 3),
+    aborts=st.lists(st.integers(0, 11), max_size=2),
+    caching=st.booleans(),
+    mode=st.sampled_from(["recompute", "swap"]),
+)
+def random_hybrid_stream(stream, num_kv_blocks, budget, threshold, layers, max_num_seqs, aborts, caching, mode):
+    """A hybrid model (full and sliding layers: two KV cache groups or more over one pool), prefix caching,
+    preemption by recompute or swap, n = 2 and aborts: the invariants hold across every group, and a runner's
+    per-group tables kept from the outputs alone are the KV manager's."""
+    s = make(num_kv_blocks, max_num_seqs, budget, threshold, caching=caching, mode=mode, swap=8, layers=layers)
+    run_stream(s, stream, aborts, starts=1)
+
+
 def run_stream(s, stream, aborts, starts):
     """Run (prompt length, max_tokens, arrival step, n) requests through `s`, aborting a group at each step in
     `aborts`, checking every invariant and the runner's tables after every step. Request i's prompt counts up
@@ -390,9 +414,12 @@ def run_stream(s, stream, aborts, starts):
             group = [req(f"{c}_r{i}", prompt_len, max_tokens, parent_id=f"r{i}", child_index=c, **kw) for c in range(n)]
         if s.kv.can_ever_admit(group):
             groups.append((arrive_at, group))
-    pending, runner_tables = sorted(groups, key=lambda x: x[0]), BlockTableBuffer(4, 64)
-    cap = s.kv.window.max_blocks_held(s.config.max_num_batched_tokens, s.config.max_model_len)
-    null = None if s.kv.window.null_block is None else s.kv.window.null_block.block_id
+    pending = sorted(groups, key=lambda x: x[0])
+    hybrid = hasattr(s.kv, "managers")
+    runner_tables = MultiGroupBlockTable(len(s.kv.managers), 4, 64) if hybrid else BlockTableBuffer(4, 64)
+    window = s.kv.managers[-1].window if hybrid else s.kv.window  # (the hybrid streams: the last group slides)
+    cap = window.max_blocks_held(s.config.max_num_batched_tokens, s.config.max_model_len)
+    null = None if s.kv.null_block is None else s.kv.null_block.block_id
     for t in range(400):
         while pending and pending[0][0] <= t:
             s.add_request(pending.pop(0)[1])
@@ -402,6 +429,7 @@ def run_stream(s, stream, aborts, starts):
         so = s.schedule()
         REACHED["fork preempted in its step"] += bool(forks_preempted_in_their_step(s, forks))
         admitted_on_hits = [r.num_computed_tokens // 4 for r in waiting if r in so.scheduled]
+        REACHED["hybrid hit"] = REACHED.get("hybrid hit", 0) + (hybrid and any(admitted_on_hits))
         REACHED["hits outnumber the window's cap"] += cap is not None and any(n >= cap for n in admitted_on_hits)
         assert so.total_num_scheduled_tokens <= s.config.max_num_batched_tokens
         assert len(s.running) <= s.config.max_num_seqs
@@ -426,6 +454,14 @@ def test_random_streams_keep_every_invariant():
     REACHED["fork preempted in its step"] = 0
     random_stream()
     assert REACHED["fork preempted in its step"] > 0, "no stream forked a request and preempted it in one step"
+
+
+@pytest.mark.task("schedule")
+def test_random_hybrid_streams_keep_every_invariant():
+    """The hybrid streams above, and proof that they reach a prefix-cache hit that every group serves."""
+    REACHED["hybrid hit"] = 0
+    random_hybrid_stream()
+    assert REACHED["hybrid hit"] > 0, "no stream admitted a hybrid request on a prefix-cache hit"
 
 
 @pytest.mark.task("schedule")

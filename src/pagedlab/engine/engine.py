@@ -189,7 +189,8 @@ class LLMEngine:
         """The tables the forward pass just used are the KV manager's, for every running request."""
         kv = self.kv_manager
         tables = {r.request_id: kv.get_block_ids(r) for r in self.scheduler.running}
-        null = kv.window.null_block.block_id if kv.window.null_block is not None else None
+        null_block = getattr(kv, "null_block", None)  # where a sliding window left a table's entry
+        null = null_block.block_id if null_block is not None else None
         self.runner.block_tables.check_matches(tables, null)
 
     def _snapshot(self, so) -> StepTrace:

@@ -33,7 +33,7 @@ from pagedlab.worker.token_source import TokenSourceRunner
 
 CONFIG_FIELDS = ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                  "long_prefill_token_threshold", "enable_prefix_caching", "preemption_mode", "num_swap_blocks",
-                 "scheduling_policy", "sliding_window")  # fmt: skip
+                 "scheduling_policy", "sliding_window", "layer_windows")  # fmt: skip
 RECORDED_FIELDS = ("id", "prompt_token_ids", "output_token_ids", "max_tokens", "arrival_step", "priority",
                    "eos_token_ids", "ignore_eos", "stop_token_ids")  # fmt: skip
 ENDS = {"stop": RequestStatus.FINISHED_STOPPED, "abort": RequestStatus.FINISHED_ABORTED}
@@ -79,7 +79,8 @@ def recording_of(engine) -> dict | None:
 
 
 def config_fields(config) -> dict:
-    return {name: getattr(config, name) for name in CONFIG_FIELDS}
+    """The settings a recording (and a trace) keeps, as JSON values (a hybrid model's layer_windows: a list)."""
+    return {name: list(v) if isinstance(v := getattr(config, name), tuple) else v for name in CONFIG_FIELDS}
 
 
 def recorded(r: Request, arrival_step: int) -> dict:
@@ -108,11 +109,13 @@ class ReplayEngine:
         from pagedlab.stages import engine_config, get_preset, make_kv_manager, make_scheduler
 
         c = recording["config"]
-        fields = {k: v for k, v in c.items() if k not in ("sliding_window", "num_swap_blocks")}
+        fields = {k: v for k, v in c.items() if k not in ("sliding_window", "layer_windows", "num_swap_blocks")}
         if c["preemption_mode"] == "swap":
             fields["num_swap_blocks"] = c["num_swap_blocks"]
         config = engine_config(5, c["max_model_len"], 1, **fields)  # 1 byte per token: no cache is allocated
-        self.config = replace(config, sliding_window=c.get("sliding_window", 0), record_trace=True)
+        windows = tuple(c.get("layer_windows") or ())  # a hybrid model's (absent in older recordings)
+        self.config = replace(config, sliding_window=c.get("sliding_window", 0), layer_windows=windows,
+                              record_trace=True)  # fmt: skip
         preset = get_preset(5)
         if prefix_index is not None:
             preset = replace(preset, kv_parts=preset.kv_parts | {"prefix_index": prefix_index})

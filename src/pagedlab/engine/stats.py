@@ -59,7 +59,10 @@ class StepTrace:
     running: list[str]  # request ids holding KV during the step (scheduled or not)
     kv_held: dict[str, int] = field(default_factory=dict)  # request_id -> KV slots held
     kv_used: dict[str, int] = field(default_factory=dict)  # request_id -> slots holding K/V after this step
-    block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks
+    block_tables: dict[str, list[int]] = field(default_factory=dict)  # request_id -> its physical blocks (a hybrid
+    #   model's: every group's table, one after the other)
+    group_tables: dict[str, tuple[list[int], ...]] = field(default_factory=dict)  # a hybrid model's (kv/hybrid.py):
+    #   request_id -> its table in each KV cache group; {} for a model with one group
     num_used_blocks: int = 0  # blocks held in the pool during the step
     finished: list[str] = field(default_factory=list)  # requests that ended in this step's update
     prefills: list[str] = field(default_factory=list)  # scheduled requests fed a prefill chunk (prompt or recompute)
@@ -93,7 +96,7 @@ class StepTrace:
             running=[r.request_id for r in running],
             kv_held={r.request_id: kv_manager.slots_held(r) for r in running},
             kv_used={r.request_id: r.num_computed_tokens + scheduled.get(r.request_id, 0) for r in running},
-            block_tables={r.request_id: kv_manager.get_block_ids(r) for r in running},
+            **_tables({r.request_id: kv_manager.get_block_ids(r) for r in running}),
             num_used_blocks=kv_manager.num_used_blocks,
             # more than the last token still to feed: a prefill chunk (a decode feeds exactly the last one)
             prefills=[r.request_id for r in so.scheduled if r.num_computed_tokens < len(r.all_token_ids) - 1],
@@ -122,3 +125,11 @@ def pool_state(pool) -> dict:
         "ref_cnts": [b.ref_cnt for b in blocks],
         "block_hashes": [b.block_hash for b in blocks],
     }
+
+
+def _tables(tables: dict) -> dict:
+    """StepTrace's block_tables, and a hybrid model's group_tables (get_block_ids gives one list per group)."""
+    if not any(isinstance(t, tuple) for t in tables.values()):
+        return {"block_tables": tables}
+    flat = {rid: [b for group in t for b in group] for rid, t in tables.items()}
+    return {"block_tables": flat, "group_tables": {rid: tuple(map(list, t)) for rid, t in tables.items()}}

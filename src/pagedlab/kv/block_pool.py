@@ -151,8 +151,10 @@ class BlockPool:
 
     def take_null_block(self) -> KVCacheBlock:
         """Block 0 out of the free queue for good, as vLLM's null_block: a placeholder in block tables for
-        blocks a sliding window dropped. It is never allocated nor freed, and never read."""
-        self.null_block = self.free_block_queue.popleft()
+        blocks a sliding window dropped. It is never allocated nor freed, and never read. Taken once: the groups of
+        a hybrid model (kv/hybrid.py) share the pool and its one null block."""
+        if self.null_block is None:
+            self.null_block = self.free_block_queue.popleft()
         return self.null_block
 
     @property

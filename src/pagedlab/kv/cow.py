@@ -38,13 +38,14 @@ class BlockCopy:
     index: int  # the logical block: the table's last, the one the request writes into next
     src: int  # the shared block (other tables keep it)
     dst: int  # the request's private copy
+    group: int = 0  # which of the request's tables: its KV cache group (kv/hybrid.py); a plain model has one
 
 
 class CowKVCacheManager(PagedKVCacheManager):
     """Invariant (inherited check): a block's ref_cnt equals the number of block tables holding it."""
 
-    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0):
-        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window)
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0, pool=None):
+        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window, pool)
         self.pending_copies: list[BlockCopy] = []  # copy-on-write copies made since the scheduler last took them
         # super().allocate_slots, bound once: CPython 3.11 spends ~50 ns building super() at each call, and
         # allocate_slots runs for every request at every step (two levels of it were 10 % of a decode step in

@@ -33,11 +33,14 @@ class PagedKVCacheManager:
     prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache (none before stage 4)
     prefix_cache_hits = 0  # of those, tokens found cached
 
-    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0):
+    def __init__(
+        self, num_kv_blocks: int, block_size: int, max_model_len: int, sliding_window: int = 0, pool: BlockPool = None
+    ):
         self.block_size = block_size
         self.num_kv_blocks = num_kv_blocks
         self.max_model_len = max_model_len
-        self.pool = self.make_pool(num_kv_blocks)
+        # `pool`: a KV cache group's view of a pool the groups share (kv/hybrid.py); else its own
+        self.pool = self.make_pool(num_kv_blocks) if pool is None else pool
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}  # request_id -> its block table
         self.window = make_window(sliding_window, block_size, self.pool)  # blocks out of reach (kv/window.py)
 
@@ -81,6 +84,11 @@ class PagedKVCacheManager:
 
     # END SOLUTION
 
+    @property
+    def null_block(self) -> KVCacheBlock | None:
+        """The block standing for entries a sliding window dropped (None without a window)."""
+        return self.window.null_block
+
     def take_block_copies(self) -> list:
         return []  # nothing is shared before stage 3
 
@@ -107,7 +115,16 @@ class PagedKVCacheManager:
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
         """Static admission: the group's worst case fits in what the running requests may still claim."""
-        return self.worst_case_blocks(group) <= self.pool.num_free - self.promised_blocks(running)
+        return self.admission_need(group, running) <= self.pool.num_free
+
+    def admission_need(self, group: list[Request], running: list[Request], hits_of: dict | None = None) -> int:
+        """Free blocks static admission asks for: the group's worst case plus what the running requests may still
+        claim (`hits_of`: request id -> its prefix-cache hits, from stage 4 on)."""
+        return self.worst_case_blocks(group) + self.promised_blocks(running)
+
+    def num_hit_tokens(self, hits: list) -> int:
+        """Tokens a list of prefix-cache hits covers."""
+        return len(hits) * self.block_size
 
     def can_ever_admit(self, group: list[Request]) -> bool:
         """Even an empty pool could not hold it: each request's own worst case, sharing not counted (a

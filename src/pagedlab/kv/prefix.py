@@ -96,10 +96,11 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         sliding_window: int = 0,
         prefix_index: type = HashChainIndex,
         eviction: type | None = None,
+        pool: CachingBlockPool | None = None,
     ):
         # the preset's parts (stages.py), read by make_pool as the base class builds the pool
         self.prefix_index, self.eviction = prefix_index, eviction
-        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window)
+        super().__init__(num_kv_blocks, block_size, max_model_len, sliding_window, pool)
         self.enable_caching = enable_caching
         self.none_hash = make_none_hash(hash_seed)
         self.hash_algo = hash_algo
@@ -185,16 +186,21 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
     # END SOLUTION
 
     def can_admit(self, group: list[Request], running: list[Request]) -> bool:
-        """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue. A hit
-        behind a window (the null block) needs no block at all: one entry per group, as worst_case_blocks
-        counts a group's shared prompt blocks once."""
+        """Worst case minus cache hits; a hit on a free cached block still takes it off the free queue."""
+        hits_of = {r.request_id: self.get_computed_blocks(r) for r in group}
+        return self.admission_need(group, running, hits_of) <= self.pool.num_free
+
+    def admission_need(self, group: list[Request], running: list[Request], hits_of: dict | None = None) -> int:
+        """As stage 2's, less each member's prefix-cache hits (`hits_of`: request id -> its hits), plus the free
+        cached blocks those hits revive. A hit behind a window (the null block) needs no block at all: one entry
+        per group, as worst_case_blocks counts a group's shared prompt blocks once."""
         hits = {}
         for r in group:
-            for i, b in enumerate(self.get_computed_blocks(r)):
+            for i, b in enumerate((hits_of or {}).get(r.request_id, ())):
                 hits[(r.group_id, i) if b is self.window.null_block else id(b)] = b
         need = self.worst_case_blocks(group) - len(hits)
         revived = sum(1 for b in self.window.held(hits.values()) if b.ref_cnt == 0)
-        return need + revived <= self.pool.num_free - self.promised_blocks(running)
+        return need + revived + self.promised_blocks(running)
 
     def blocks_to_admit(self, request: Request, hits: list[KVCacheBlock], num_new_tokens: int, cap=None) -> int:
         """Free blocks admitting `request` would take: new blocks, plus free cached hits it revives (a hit
@@ -204,6 +210,13 @@ class PrefixCachingKVCacheManager(CowKVCacheManager):
         needed = cdiv(hit_tokens + num_new_tokens, self.block_size)
         new = max((needed if cap is None else min(needed, cap)) - len(hits), 0)
         return new + sum(1 for b in self.window.held(hits) if b.ref_cnt == 0)
+
+    def admission_blocks(self, request: Request, hits: list, num_new: int, whole: int, max_step_tokens: int) -> int:
+        """Free blocks admitting `request` takes, as vLLM's allocate_slots checks them: its first chunk of `num_new`
+        tokens, and blocks for its `whole` current length (scheduler_reserve_full_isl; a window caps how many it
+        ever holds), whichever is more."""
+        cap = self.window.max_blocks_held(max_step_tokens, self.max_model_len)
+        return max(self.blocks_to_admit(request, hits, num_new), self.blocks_to_admit(request, hits, whole, cap))
 
     def fork(self, parent: Request, child: Request) -> None:
         super().fork(parent, child)

@@ -1,4 +1,4 @@
-"""Stage 5: random workloads for the differential test against vLLM's scheduler: seven families, seeded.
+"""Stage 5: random workloads for the differential test against vLLM's scheduler: eight families, seeded.
 
 Builds on: engine/replay.py (a workload is a recording; ReplayEngine plays it on pagedlab's scheduler),
 lessons/vllm_peer.py (run_vllm plays it on vLLM's), viz/compare.py (where the two part).
@@ -16,6 +16,9 @@ the token each request samples at each position (EOS included, so some requests 
     mixed      long and short prompts and outputs together        all of the above at once
     window     a sliding-window model; half with caching, small   freeing behind the window, the null block,
                chunks and a pool that barely holds a prompt        hits behind the window at admission
+    hybrid     full and sliding layers in one model (two to four  one table per KV cache group over one pool,
+               KV cache groups); shared prompts, caching on or    all-or-none allocation, hits every group
+               off, a pool a little larger than the longest       serves, freeing behind each window
 
 No model runs: the tokens are drawn here, and both schedulers are fed the same ones.
 """
@@ -25,8 +28,9 @@ from __future__ import annotations
 import random
 
 from pagedlab.kv.block_pool import cdiv
+from pagedlab.kv.cache_groups import kv_cache_groups
 
-FAMILIES = ("roomy", "tight", "chunked", "prefix", "priority", "mixed", "window")
+FAMILIES = ("roomy", "tight", "chunked", "prefix", "priority", "mixed", "window", "hybrid")
 EOS = 2  # the workloads' end-of-sequence token; other tokens are drawn from 3 .. VOCAB - 1
 VOCAB = 60
 MAX_MODEL_LEN = 160
@@ -42,6 +46,9 @@ def workload(family: str, seed: int) -> dict:
     # At least what the door asks of the longest request (KVCacheManager.can_ever_admit: its every token but the
     # last sampled one), and the null block of a window
     longest = max(cdiv(len(r["prompt_token_ids"]) + r["max_tokens"] - 1, config["block_size"]) for r in requests)
+    if "layer_windows" in config:  # a hybrid model: that many blocks in every group, and the null block
+        groups = len(kv_cache_groups(config["layer_windows"]))
+        config["num_kv_blocks"] = max(config["num_kv_blocks"], groups * longest + 1)
     config["num_kv_blocks"] = max(config["num_kv_blocks"], longest + bool(config["sliding_window"]))
     return {"config": config, "requests": requests, "ends": []}
 
@@ -148,8 +155,26 @@ def _window(rng):
     return config, shapes
 
 
+def _hybrid(rng):
+    """Layer patterns of real hybrid models, small: gpt-oss's alternation (two groups), a full layer among
+    sliding ones (Gemma's n:1, here 1:3: four groups of one layer), two windows and full layers (three groups)."""
+    block_size = rng.choice((4, 8))
+    w = block_size * rng.randint(2, 4)
+    layers = rng.choice(([w, None, w, None], [None, w], [w, w, w, None], [None, w, None, 2 * w]))
+    caching = rng.random() < 0.6
+    config = _config(rng, block_size=block_size, layer_windows=layers, enable_prefix_caching=caching,
+                     num_kv_blocks=rng.randint(8, 40), max_num_batched_tokens=rng.choice((8, 16, 64, 256)),
+                     long_prefill_token_threshold=rng.choice((0, 0, 8)))  # fmt: skip
+    config["max_num_seqs"] = min(config["max_num_seqs"], config["max_num_batched_tokens"])
+    bases = [_tokens(rng, rng.randint(8, 48)) for _ in range(rng.randint(1, 3))]
+    shapes = []
+    for prompt, max_tokens, arrival, _ in _shapes(rng, rng.randint(3, 9), prompt=(0, 16), output=(1, 30)):
+        shapes.append((rng.choice(bases) + prompt, max_tokens, arrival, 0))
+    return config, shapes
+
+
 _FAMILY = {"roomy": _roomy, "tight": _tight, "chunked": _chunked, "prefix": _prefix, "priority": _priority,
-           "mixed": _mixed, "window": _window}  # fmt: skip
+           "mixed": _mixed, "window": _window, "hybrid": _hybrid}  # fmt: skip
 
 
 def suite(seeds: int = 20) -> list[tuple[str, int, dict]]:

@@ -14,9 +14,10 @@ request sampled at that position in pagedlab's run (as vLLM's own tests/v1/core/
 then `update_from_output`, and writes vLLM's decisions as the steps of pagedlab's trace format
 (viz/trace.py, version 1). The model never runs.
 
-Block ids: vLLM's pool always holds block 0 back as the null block; pagedlab's only with a sliding window.
-Without a window the pool is made one block larger and every id is written minus one, so that equal
-decisions read as equal ids (chapter 5's ledger).
+Block ids: vLLM's pool always holds block 0 back as the null block; pagedlab's only with a sliding window (or a
+hybrid model's groups). Without them the pool is made one block larger and every id is written minus one, so
+that equal decisions read as equal ids (chapter 5's ledger). A hybrid recording (`layer_windows`, one entry per
+layer) gets one KV cache spec per layer and vLLM's own grouping of them; its tables are written one per group.
 vLLM: vllm/v1/core/sched/scheduler.py (Scheduler), vllm/v1/core/kv_cache_manager.py, vllm/v1/core/block_pool.py.
 """
 
@@ -41,6 +42,7 @@ import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_planning import _get_kv_cache_groups_uniform_page_size  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
@@ -95,16 +97,15 @@ def make_scheduler(config: dict, model_dir: str) -> Scheduler:
     )
     cache_config = CacheConfig(block_size=config["block_size"], enable_prefix_caching=config["enable_prefix_caching"])
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
-    num_blocks = config["num_kv_blocks"] + (0 if window else 1)  # vLLM's null block is always taken
-    spec = (
-        SlidingWindowSpec(block_size=config["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32,
-                          sliding_window=window)
-        if window
-        else FullAttentionSpec(block_size=config["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
-    )  # fmt: skip
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
-    )
+    hybrid = is_hybrid(config)
+    num_blocks = config["num_kv_blocks"] + (0 if window or hybrid else 1)  # vLLM's null block is always taken
+    if hybrid:  # one spec per layer, grouped by vLLM's own rule (kv_cache_planning.py)
+        specs = {f"model.layers.{i}.attn": layer_spec(config["block_size"], w or 0)
+                 for i, w in enumerate(config["layer_windows"])}  # fmt: skip
+        groups = _get_kv_cache_groups_uniform_page_size(specs)
+    else:
+        groups = [KVCacheGroupSpec(["layer"], layer_spec(config["block_size"], window))]
+    kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache_config.num_gpu_blocks = num_blocks
     return Scheduler(
         vllm_config=vllm_config,
@@ -113,6 +114,19 @@ def make_scheduler(config: dict, model_dir: str) -> Scheduler:
         block_size=config["block_size"],
         log_stats=True,
     )
+
+
+def is_hybrid(config: dict) -> bool:
+    """Layers of more than one kind (pagedlab's layer_windows, None for full attention)."""
+    return len(set(config.get("layer_windows") or ())) > 1
+
+
+def layer_spec(block_size: int, window: int):
+    """One layer's KV cache spec: a window of that many tokens, or full attention (0). The sizes are dummies."""
+    if window:
+        return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                 sliding_window=window)  # fmt: skip
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
 def make_request(spec: dict, block_size: int, index: int) -> Request:
@@ -142,7 +156,8 @@ class Replay:
         window = self.config.get("sliding_window", 0)
         folder = windowed_model_dir(window, scratch) if window else model_dir
         self.scheduler = make_scheduler(self.config, folder)
-        self.offset = 0 if window else 1  # vLLM id - offset = pagedlab's id
+        self.hybrid = is_hybrid(self.config)
+        self.offset = 0 if window or self.hybrid else 1  # vLLM id - offset = pagedlab's id
         self.specs = {r["id"]: r for r in run["requests"]}
         self.order = [r["id"] for r in run["requests"]]
         self.ends = {}  # step -> [(request id, reason)] ended from outside after that step (stop strings, aborts)
@@ -212,11 +227,13 @@ class Replay:
             req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)}, sampled_token_ids=sampled
         )
 
-    def block_ids(self, rid: str) -> list[int]:
+    def block_ids(self, rid: str) -> list:
+        """The request's table (a hybrid model's: one per KV cache group), in pagedlab's ids."""
+        groups = len(self.scheduler.kv_cache_config.kv_cache_groups)
         if self.requests[rid].is_finished():
-            return []
-        (ids,) = self.scheduler.kv_cache_manager.get_block_ids(rid)
-        return [b - self.offset for b in ids]
+            return [[] for _ in range(groups)] if self.hybrid else []
+        tables = [[b - self.offset for b in ids] for ids in self.scheduler.kv_cache_manager.get_block_ids(rid)]
+        return tables if self.hybrid else tables[0]
 
     def snapshot(self, step: int, out, preempted: list[str], before: dict) -> dict:
         """The step in pagedlab's trace format, taken after scheduling (before the update frees anything)."""
@@ -241,8 +258,16 @@ class Replay:
             "num_used_blocks": pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),  # the null block is nobody's
             "pool": self.pool(),
             "num_cached_tokens": self.cached_tokens(scheduled),
-            "new_blocks": {rid: t[len(before.get(rid, [])) :] for rid, t in tables.items() if t != before.get(rid)},
+            "new_blocks": {
+                rid: self.new_blocks(before.get(rid), t) for rid, t in tables.items() if t != before.get(rid)
+            },
         }
+
+    def new_blocks(self, before: list | None, now: list) -> list:
+        """The entries appended to a table since the step before (per group for a hybrid model)."""
+        if not self.hybrid:
+            return now[len(before or []) :]
+        return [t[len(b) :] for b, t in zip(before or [[] for _ in now], now)]
 
     def was_prefill(self, rid: str, num_new: int) -> bool:
         """Fed more than the one last token (schedule() has already counted them as computed)."""

@@ -151,7 +151,7 @@ class ContinuousScheduler(Scheduler):
             num_new = self._chunk(target - request.num_computed_tokens, budget)
             return num_new, [], self.kv.blocks_to_swap_in(request, num_new)
         hits = self.kv.get_computed_blocks(request)
-        hit_tokens = len(hits) * self.kv.block_size
+        hit_tokens = self.kv.num_hit_tokens(hits)
         num_new = self._chunk(target - hit_tokens, budget)
         # Admitted only if blocks for its whole current length fit, not just the first chunk's (vLLM's
         # scheduler_reserve_full_isl): a request admitted on its first chunk alone would soon preempt someone.
@@ -159,9 +159,8 @@ class ContinuousScheduler(Scheduler):
         # And the chunk itself must fit, uncapped: hits padded with null blocks can outnumber the cap, and the
         # capped count then says 0 although this chunk needs a block (vLLM checks both, in allocate_slots).
         whole = min(request.num_tokens, self.config.max_model_len) - hit_tokens
-        cap = self.kv.window.max_blocks_held(self.config.max_num_batched_tokens, self.config.max_model_len)
-        chunk_blocks = self.kv.blocks_to_admit(request, hits, num_new)
-        return num_new, hits, max(chunk_blocks, self.kv.blocks_to_admit(request, hits, whole, cap))
+        blocks = self.kv.admission_blocks(request, hits, num_new, whole, self.config.max_num_batched_tokens)
+        return num_new, hits, blocks
 
     def _admit(self, request: Request, hits: list, out: SchedulerOutput) -> None:
         """From waiting to running: swapped back in, or starting its table with its cache hits."""

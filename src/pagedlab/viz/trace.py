@@ -14,8 +14,11 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
         "block_size": 8, "num_kv_blocks": 24, "max_num_seqs": 6, "max_num_batched_tokens": 96,
         "max_model_len": 96, "long_prefill_token_threshold": 16, "enable_prefix_caching": true,
         "preemption_mode": "recompute", "num_swap_blocks": 0, "scheduling_policy": "fcfs",
-        "sliding_window": 0},        tokens (0: none; absent reads as 0); with one, block 0 is the null block:
+        "sliding_window": 0,         tokens (0: none; absent reads as 0); with one, block 0 is the null block:
                                      ref 0 yet never in the free queue, the tables' entry for blocks behind it
+        "layer_windows": []},        a hybrid model's window per layer (null: full attention), [] otherwise
+                                     (absent reads as []); with layers of two kinds, every request has one
+                                     table per KV cache group (kv/cache_groups.py), block 0 is the null block
       "requests": {                  every request a step names (children and beams too), and every id of the
                                      prompts given that is no group of children
         "5": {"group": "5",          the user request it belongs to (itself unless n > 1 or a beam)
@@ -40,7 +43,8 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
       "swapped": [],                 waiting requests whose K/V is in the CPU pool (stage 5, swap)
       "were_preempted": ["6"],       waiting requests preempted at some earlier step
       "finished": {"3": "length"},   request -> finish reason, for the requests that ended in this step
-      "tables": {"0": [0, 16, 1]},   running request -> block table: physical block ids in logical order
+      "tables": {"0": [0, 16, 1]},   running request -> block table: physical block ids in logical order (a
+                                     hybrid model's: a list of tables, one per group, [[5, 2, 9], [0, 6, 8]])
       "used": {"0": 17},             running request -> slots holding K/V after this step (the first `used`
                                      slots of its table; it holds len(table) * block_size)
       "groups": {"0_3": "3"},        running child (n > 1, beams) -> its user request
@@ -67,7 +71,8 @@ import json
 from pathlib import Path
 
 from pagedlab.engine.events import EVENT_KINDS, block_list, step_events
-from pagedlab.engine.replay import CONFIG_FIELDS, recording_of
+from pagedlab.engine.replay import config_fields, recording_of
+from pagedlab.kv.cache_groups import kv_cache_groups
 from pagedlab.model.files import read_json_file
 
 TRACE_VERSION = 1
@@ -88,7 +93,7 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
         "version": TRACE_VERSION,
         "stage": config.stage,
         "stage_name": config.stage_name,
-        "config": {name: getattr(config, name) for name in CONFIG_FIELDS},
+        "config": config_fields(config),
         "requests": _requests(trace, prompts or {}, texts or {}, engine.tokenizer),
         "hashes": [_short_hash(h) for h in hashes],
         "steps": steps,
@@ -103,7 +108,9 @@ def _step(t, events: list[dict], hashes: dict) -> dict:
         "scheduled": dict(t.scheduled),
         **{name: list(getattr(t, name)) for name in STEP_LISTS},
         "finished": {rid: t.finish_reasons.get(rid) for rid in t.finished},
-        "tables": {rid: list(table) for rid, table in t.block_tables.items()},
+        "tables": {rid: list(map(list, t)) for rid, t in t.group_tables.items()}
+        if t.group_tables
+        else {rid: list(table) for rid, table in t.block_tables.items()},
         "used": dict(t.kv_used),
         "groups": dict(t.groups),
         **{name: [list(p) for p in getattr(t, name)] for name in STEP_PAIRS},
@@ -241,6 +248,11 @@ def validate(trace) -> None:
     if config["block_size"] < 1 or config["num_kv_blocks"] < 1:
         raise ValueError("config: block_size and num_kv_blocks must be >= 1")
     _expect(config.get("sliding_window", 0), INT, "config.sliding_window")  # absent in older traces: no window
+    windows = _get(config, "layer_windows", (list,), "config") if "layer_windows" in config else []
+    for i, w in enumerate(windows):
+        _expect(w, INT + NONE, f"config.layer_windows[{i}]")
+        if w is not None and w < 1:
+            raise ValueError(f"config.layer_windows[{i}]: a window is >= 1 token, got {w}")
     for rid, request in trace["requests"].items():
         _expect(request, (dict,), f"requests[{rid!r}]")
         for key, kinds in REQUEST_TYPES.items():
@@ -263,8 +275,15 @@ def _check_step(step, where: str, trace: dict) -> None:
         for rid, value in _get(step, name, (dict,), where).items():
             _request_id(rid, known, f"{where}.{name}")
             _expect(value, kinds, f"{where}.{name}[{rid!r}]")
+    num_groups = trace_groups(trace["config"])
     for rid, table in step["tables"].items():
-        _blocks(table, num_blocks, f"{where}.tables[{rid!r}]")
+        if num_groups == 1:
+            _blocks(table, num_blocks, f"{where}.tables[{rid!r}]")
+            continue
+        if len(table) != num_groups:  # a hybrid model's: one table per KV cache group
+            raise ValueError(f"{where}.tables[{rid!r}]: expected {num_groups} tables (one per group), got {len(table)}")
+        for g, group_table in enumerate(table):
+            _blocks(group_table, num_blocks, f"{where}.tables[{rid!r}][{g}]")
     for j, copy in enumerate(_get(step, "copies", (list,), where)):
         _pair(copy, (STR, INT, INT), f"{where}.copies[{j}]")
         _blocks(copy[1:], num_blocks, f"{where}.copies[{j}]")
@@ -276,10 +295,16 @@ def _check_step(step, where: str, trace: dict) -> None:
             _blocks([pair[cpu]], num_cpu, f"{where}.{name}[{j}]", pool="CPU pool")
     pool = _get(step, "pool", (dict,) + NONE, where)
     if pool is not None:
-        null = 0 if trace["config"].get("sliding_window") else None
+        null = 0 if trace["config"].get("sliding_window") or num_groups > 1 else None
         _check_pool(pool, f"{where}.pool", num_blocks, len(trace["hashes"]), null)
     for j, event in enumerate(_get(step, "events", (list,), where)):
         _check_event(event, f"{where}.events[{j}]", num_blocks)
+
+
+def trace_groups(config: dict) -> int:
+    """How many block tables each request has: one, or a hybrid model's KV cache groups (kv/cache_groups.py)."""
+    windows = config.get("layer_windows") or []
+    return len(kv_cache_groups(windows)) if len(set(windows)) > 1 else 1
 
 
 def _check_pool(pool: dict, where: str, num_blocks: int, num_hashes: int, null: int | None) -> None:

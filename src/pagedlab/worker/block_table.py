@@ -106,3 +106,36 @@ class BlockTableBuffer:
         self.table = np.concatenate([self.table, np.zeros_like(self.table)])
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros_like(self.num_blocks)])
         self.free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+
+class MultiGroupBlockTable:
+    """A hybrid model's tables: one BlockTableBuffer per KV cache group (vLLM's MultiGroupBlockTable). Block ids
+    arrive as one list per group (kv/hybrid.py); a copy-on-write names its group."""
+
+    def __init__(self, num_groups: int, rows: int, max_blocks: int):
+        self.groups = [BlockTableBuffer(rows, max_blocks) for _ in range(num_groups)]
+
+    def apply(self, so: SchedulerOutput) -> None:
+        """As BlockTableBuffer.apply, each group's lists to its own buffer."""
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            for table in self.groups:
+                table.remove(req_id)
+        for req_id, per_group in so.new_block_tables.items():
+            for table, block_ids in zip(self.groups, per_group, strict=True):
+                table.set_table(req_id, block_ids)
+        for req_id, per_group in so.new_block_ids.items():
+            for table, block_ids in zip(self.groups, per_group, strict=True):
+                table.append(req_id, block_ids)
+        for copy in so.block_copies:
+            self.groups[copy.group].replace(copy.request_id, copy.index, copy.dst)
+
+    def get(self, req_id: str) -> tuple[list[int], ...]:
+        return tuple(table.get(req_id) for table in self.groups)
+
+    def gather(self, req_ids: list[str]) -> list[np.ndarray]:
+        """Each group's [B, MB] table of the scheduled rows."""
+        return [table.gather(req_ids) for table in self.groups]
+
+    def check_matches(self, tables: dict[str, tuple[list[int], ...]], null_block_id: int | None) -> None:
+        for g, table in enumerate(self.groups):
+            table.check_matches({rid: per_group[g] for rid, per_group in tables.items()}, null_block_id)

@@ -16,6 +16,7 @@ Shapes: B scheduled requests, T new tokens, MB max blocks per request, V vocab.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from itertools import chain
 
 import numpy as np
@@ -24,10 +25,30 @@ import torch
 from pagedlab.attention.metadata import AttentionMetadata
 from pagedlab.config import EngineConfig
 from pagedlab.kv.block_pool import cdiv
+from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 from pagedlab.model.llama import CausalLM
 from pagedlab.sched.output import ModelRunnerOutput, SchedulerOutput
-from pagedlab.worker.block_table import BlockTableBuffer
+from pagedlab.worker.block_table import BlockTableBuffer, MultiGroupBlockTable
 from pagedlab.worker.sampling import sample, top_logprobs
+
+
+class PerGroupAttention:
+    """A hybrid model's attention: every layer reads and writes through its own KV cache group's block table and
+    slot mapping (vLLM's runner builds the metadata per group and gives each layer its group's). The metadata is a
+    list, one per group; the backend itself is unchanged. Its KV cache keeps a tensor per layer, every block id
+    having room in every layer (vLLM instead shares one tensor among the i-th layers of all groups, so that a
+    block is group_size layers' pages: chapter 2's ledger)."""
+
+    def __init__(self, backend, groups: list[KVCacheGroup]):
+        self.backend, self.name, self.kv_cache = backend, backend.name, backend.kv_cache
+        self.group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
+
+    def prepare(self, metas: list[AttentionMetadata]) -> None:
+        for meta in metas:
+            self.backend.prepare(meta)
+
+    def forward(self, layer_idx: int, q, k, v, metas: list[AttentionMetadata]) -> torch.Tensor:
+        return self.backend.forward(layer_idx, q, k, v, metas[self.group_of[layer_idx]])
 
 
 class ModelRunner:
@@ -38,8 +59,14 @@ class ModelRunner:
         self.model = model
         self.attention = attention
         self.device = torch.device(config.device)
-        # a row per running request, as wide as the longest request's table
-        self.block_tables = BlockTableBuffer(config.max_num_seqs, cdiv(config.max_model_len, config.block_size))
+        # a row per running request, as wide as the longest request's table; a hybrid model: a table per KV cache group
+        rows, width = config.max_num_seqs, cdiv(config.max_model_len, config.block_size)
+        if len(set(config.layer_windows)) > 1:
+            groups = kv_cache_groups(config.layer_windows)
+            self.block_tables = MultiGroupBlockTable(len(groups), rows, width)
+            self.attention = PerGroupAttention(attention, groups)
+        else:
+            self.block_tables = BlockTableBuffer(rows, width)
         self.generator = torch.Generator().manual_seed(config.seed)  # for requests without a seed
         self.forward_seconds = 0.0  # time inside the model (for the overhead measurement)
         kv = attention.kv_cache
@@ -96,8 +123,13 @@ class ModelRunner:
         positions = np.arange(qsl[-1]) - qsl[req_idx] + num_computed[req_idx]  # [T]
         seq_lens = num_computed + num_new  # [B]
         num_blocks = -(-int(seq_lens.max()) // self.config.block_size)  # columns this step needs
-        block_table = self.block_tables.gather([r.request_id for r in so.scheduled])[:, :num_blocks]  # [B, nb]
-        slot_mapping = self.slot_mapping(block_table, req_idx, positions)  # [T]
+        tables = self.block_tables.gather([r.request_id for r in so.scheduled])  # [B, MB] (a list: one per group)
+        if isinstance(tables, list):  # a hybrid model: each group's table and slots (PerGroupAttention picks)
+            block_table = [t[:, :num_blocks] for t in tables]  # [B, nb] each
+            slot_mapping = [self.slot_mapping(t, req_idx, positions) for t in block_table]  # [T] each
+        else:
+            block_table = tables[:, :num_blocks]  # [B, nb]
+            slot_mapping = self.slot_mapping(block_table, req_idx, positions)  # [T]
         ids = list(
             chain.from_iterable(r.all_token_ids[c : c + n] for r, c, n in zip(so.scheduled, num_computed, num_new))
         )
@@ -110,8 +142,8 @@ class ModelRunner:
             query_start_loc_cpu=qsl.tolist(),
             seq_lens=torch.from_numpy(seq_lens).to(dev),
             seq_lens_cpu=seq_lens.tolist(),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
-            block_table=torch.from_numpy(block_table).to(dev),
+            slot_mapping=None,  # set below (per group for a hybrid model)
+            block_table=None,
             max_seq_len=int(seq_lens.max()),
             block_size=self.config.block_size,
             decode_rows=torch.from_numpy(decode).to(dev),
@@ -120,6 +152,14 @@ class ModelRunner:
             prefill_rows_cpu=prefill.tolist(),
             max_query_len=int(num_new.max()),
         )
+        if isinstance(block_table, list):
+            meta = [
+                replace(meta, slot_mapping=torch.from_numpy(slots).to(dev), block_table=torch.from_numpy(t).to(dev))
+                for t, slots in zip(block_table, slot_mapping)
+            ]
+        else:
+            meta.slot_mapping = torch.from_numpy(slot_mapping).to(dev)
+            meta.block_table = torch.from_numpy(block_table).to(dev)
         sample_idx = torch.from_numpy(qsl[1:][samples] - 1).to(dev)  # last new token of each sampler
         sampling = [r for r, s in zip(so.scheduled, samples) if s]
         return torch.tensor(ids, device=dev), torch.from_numpy(positions).to(dev), meta, sample_idx, sampling
