@@ -254,3 +254,21 @@ def test_unknown_bench_lists_the_known_ones(capsys):
         main(["bench", "speed"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("pagedlab bench: unknown bench 'speed'")
+
+
+def test_layouts_add_a_hybrid_models_rows_of_their_own_kind(capsys, monkeypatch):
+    """--layouts: the KV bytes of the same requests under full-only, vLLM's groups and window-only, from the same
+    count as chapter 2's table; the Figure-2 rows and tables are unchanged beside them (the default has none)."""
+    from pagedlab.lessons.hybrid import saving_rows
+
+    monkeypatch.setattr(memory, "measure_memory", functools.partial(memory.measure_memory, **SMALL))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "memory", "--json", "--no-figure", "--layouts"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    rows = json.loads(captured.out)["rows"]
+    layouts = [r for r in rows if r["system"] == "kv-layout"]
+    assert len(rows) - len(layouts) == 2 * (3 + 2) and all(field in r for r in layouts for field in REQUIRED_FIELDS)
+    assert [(r["model"], r["layout"]) for r in layouts] == [(r["model"], r["layout"]) for r in saving_rows()]
+    assert [r["share_of_full"] for r in layouts] == pytest.approx([r["share_of_full"] for r in saving_rows()])
+    assert "hybrid (2 groups)" in captured.err and "token states" in captured.err

@@ -67,6 +67,8 @@ def test_the_groups_are_vllms_and_each_layer_reads_its_own_groups_table(folders)
     llm = LLM(str(folder), stage=5, block_size=4, max_model_len=96)
     assert llm.engine.kv_manager.groups == (KVCacheGroup(WINDOW, (0, 2), 2), KVCacheGroup(None, (1, 3), 2))
     assert llm.engine.runner.attention.group_of == {0: 0, 2: 0, 1: 1, 3: 1}
+    # chapter 2's ledger: a KV tensor per layer, every block id with room in every layer (vLLM: one per group slot)
+    assert llm.engine.runner.attention.kv_cache.shape[:3] == (4, 2, llm.engine.config.num_kv_blocks)
 
 
 def test_the_windowed_group_frees_behind_its_window_while_the_full_group_keeps_every_block(folders):

@@ -19,6 +19,8 @@ follower, a new beam) and preempted in the same step; the stage-2-to-5 test fail
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 
@@ -54,26 +56,37 @@ REACHED = {"fork preempted in its step": 0}  # the corner that once broke the ru
 NEVER_FITS = ("num_kv_blocks:", "n:", "prompt:", "beam_width:")
 
 
+HYBRID_WINDOWS = (8, None, 8, None)  # gpt-oss's alternation on the bundled model's 4 layers: two KV cache groups
+
+
 @functools.cache
-def bundled():
-    return load_model()
+def bundled(hybrid: bool = False):
+    """The bundled model; hybrid: the same weights with HYBRID_WINDOWS, each layer's own window (the oracle and
+    the engine both read the windows from the config, so the two stay one model)."""
+    m = load_model()
+    if not hybrid:
+        return m
+    config = dataclasses.replace(m.config, layer_windows=HYBRID_WINDOWS)
+    model = copy.copy(m.model)  # the same modules, another config
+    model.config = config
+    return dataclasses.replace(m, model=model, config=config)
 
 
-def oracle_tokens(prompt: str, params: SamplingParams, child: int) -> oracle.OracleOutput:
+def oracle_tokens(prompt: str, params: SamplingParams, child: int, hybrid: bool = False) -> oracle.OracleOutput:
     seed = None if params.seed is None else params.seed + child
-    return _oracle_tokens(prompt, params.temperature, params.max_tokens, seed)
+    return _oracle_tokens(prompt, params.temperature, params.max_tokens, seed, hybrid)
 
 
 @functools.cache
-def _oracle_tokens(prompt: str, temperature: float, max_tokens: int, seed: int | None) -> oracle.OracleOutput:
-    m, params = bundled(), SamplingParams(temperature=temperature, max_tokens=max_tokens)
+def _oracle_tokens(prompt: str, temperature: float, max_tokens: int, seed: int | None, hybrid: bool = False):
+    m, params = bundled(hybrid), SamplingParams(temperature=temperature, max_tokens=max_tokens)
     ids = m.tokenizer.encode(prompt)
     return oracle.generate(m.model, ids, params, m.config.eos_token_ids, MAX_MODEL_LEN, seed=seed)
 
 
 @functools.cache
-def oracle_beams(prompt: str, params: BeamSearchParams):
-    m = bundled()
+def oracle_beams(prompt: str, params: BeamSearchParams, hybrid: bool = False):
+    m = bundled(hybrid)
     return oracle.beam_search(m.model, m.tokenizer.encode(prompt), params, m.config.eos_token_ids, MAX_MODEL_LEN)
 
 
@@ -86,8 +99,9 @@ def assert_prefix_of_oracle(got: list[int], expected: oracle.OracleOutput, label
     assert len(got) <= len(expected.token_ids), f"{label}: longer than the oracle"
 
 
-def _build_rule(stages: tuple[int, ...]):
-    """The machine's first rule: an engine at one of `stages`, with a tiny pool."""
+def _build_rule(stages: tuple[int, ...], hybrid: bool = False):
+    """The machine's first rule: an engine at one of `stages`, with a tiny pool (hybrid: the bundled model with
+    HYBRID_WINDOWS, its pool as large again: each of its two groups holds a table per request)."""
 
     @initialize(
         stage=st.sampled_from(stages),
@@ -101,7 +115,7 @@ def _build_rule(stages: tuple[int, ...]):
         caching=st.booleans(),
     )
     def build(self, stage, block_size, pool, max_num_seqs, budget, threshold, swap, priority, caching):
-        num_kv_blocks = math.ceil(pool * MAX_MODEL_LEN / block_size)
+        num_kv_blocks = math.ceil(pool * MAX_MODEL_LEN / block_size) * (2 if hybrid else 1) + hybrid
         args = {"block_size": block_size, "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": num_kv_blocks}
         args |= {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "debug_checks": True}
         if stage >= 4:
@@ -112,10 +126,13 @@ def _build_rule(stages: tuple[int, ...]):
                 args |= {"preemption_mode": "swap", "num_swap_blocks": num_kv_blocks // 2}
         if stage == 6:
             args["attention_backend"] = "triton"
-        m = bundled()
+        m = bundled(hybrid)
         kv_bytes = 2 * m.config.num_hidden_layers * m.config.num_key_value_heads * m.config.head_dim * 4
-        self.engine = LLMEngine(engine_config(stage, m.config.max_position_embeddings, kv_bytes, **args), m)
-        self.stage = stage
+        config = engine_config(stage, m.config.max_position_embeddings, kv_bytes, **args)
+        if hybrid:  # (the model's, as stages.config_for_model sets it)
+            config = dataclasses.replace(config, layer_windows=HYBRID_WINDOWS)
+        self.engine = LLMEngine(config, m)
+        self.stage, self.hybrid = stage, hybrid
 
     return build
 
@@ -126,7 +143,7 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.engine = None  # built by the first rule
-        self.stage = 0
+        self.stage, self.hybrid = 0, False
         self.specs: dict[str, tuple] = {}  # request id -> (prompt, params), for every request ever queued
         self.live: set[str] = set()  # requests queued and not yet reported finished
         self.live_beams: set[str] = set()  # beam searches queued and not yet reported
@@ -204,6 +221,9 @@ class EngineMachine(RuleBasedStateMachine):
         engine = self.engine
         assert not engine.has_unfinished_requests() and not engine.scheduler.requests.live and not engine.owner_of("r0")
         assert engine.kv_manager.num_used_blocks == 0, "every block is free at the end"
+        if self.hybrid:  # what the hybrid programs must reach: preemptions and hits across both groups
+            REACHED["hybrid preemptions"] = REACHED.get("hybrid preemptions", 0) + engine.scheduler.num_preemptions
+            REACHED["hybrid hits"] = REACHED.get("hybrid hits", 0) + getattr(engine.kv_manager, "prefix_cache_hits", 0)
         swap = getattr(engine.kv_manager, "swap_pool", None)
         assert swap is None or swap.num_free == swap.num_blocks, "every CPU swap block is free at the end"
         assert set(self.ended) == set(self.specs), "every request ended exactly once"
@@ -215,10 +235,11 @@ class EngineMachine(RuleBasedStateMachine):
         if isinstance(params, BeamSearchParams):
             if rid not in self.aborted:
                 eos = bundled().config.eos_token_ids
-                assert_beams_match(out.sequences, oracle_beams(prompt, params), eos, params.length_penalty, rid)
+                expected = oracle_beams(prompt, params, self.hybrid)
+                assert_beams_match(out.sequences, expected, eos, params.length_penalty, rid)
             return
         for child in out.outputs:
-            expected = oracle_tokens(prompt, params, child.index)
+            expected = oracle_tokens(prompt, params, child.index, self.hybrid)
             label = f"{rid}[{child.index}] ({prompt!r}, {params})"
             if child.finish_reason == "abort":
                 assert rid in self.aborted, f"{label}: aborted, but nobody aborted it"
@@ -226,6 +247,12 @@ class EngineMachine(RuleBasedStateMachine):
             else:
                 assert_matches_oracle(child.token_ids, expected, label)
                 assert child.finish_reason == expected.finish_reason, label
+
+
+class HybridEngineMachine(EngineMachine):
+    """The same programs on a hybrid model: a full and a sliding KV cache group, a table each, one pool."""
+
+    build = _build_rule((2, 3, 4, 5, 5, 5), hybrid=True)
 
 
 class TritonEngineMachine(EngineMachine):
@@ -245,6 +272,15 @@ def test_random_programs_at_stages_2_to_5():
     REACHED["fork preempted in its step"] = 0
     run_state_machine_as_test(EngineMachine, settings=SETTINGS)
     assert REACHED["fork preempted in its step"] > 0, "no program forked a request and preempted it in one step"
+
+
+@pytest.mark.stage5
+@pytest.mark.slow
+def test_random_programs_on_a_hybrid_model():
+    """Fewer programs than above (the kinds of program are the same; only the KV cache's groups are new)."""
+    REACHED["hybrid preemptions"] = REACHED["hybrid hits"] = 0
+    run_state_machine_as_test(HybridEngineMachine, settings=settings(SETTINGS, max_examples=100))
+    assert REACHED["hybrid preemptions"] > 0 and REACHED["hybrid hits"] > 0, REACHED
 
 
 @pytest.mark.stage6

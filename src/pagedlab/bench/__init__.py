@@ -62,7 +62,7 @@ BENCHES: dict[str, Bench] = {
     for b in (
         Bench("memory", "Figure 2: where KV memory goes, contiguous vs paged", "6 s (a fake model: no forward pass)",
               6, "memory:measure_memory", "memory_report:report", "memory_report:tables", "02_memory",
-              "memory_report:draw_memory"),
+              "memory_report:draw_memory", options=("layouts",)),
         Bench("sharing", "Figure 15: KV blocks saved by sharing, parallel sampling and beam search", "50 s", 50,
               "sharing:measure_sharing", "sharing_report:report", "sharing_report:tables", "03_sharing",
               "sharing_report:draw_sharing"),
@@ -168,7 +168,7 @@ def _check_options(bench: Bench, options: dict, threads) -> None:
 # the bench-specific options, each by its command-line flag
 CLI_OPTIONS = {"kv_budgets": "--kv-budget", "dtypes": "--dtype", "device": "--device", "peer": "--peer",
                "traces": "--trace", "policies": "--policies", "pool_sizes": "--pool-sizes",
-               "concurrency": "--concurrency", "jobs": "--jobs"}  # fmt: skip
+               "concurrency": "--concurrency", "jobs": "--jobs", "layouts": "--layouts"}  # fmt: skip
 
 
 def save_bench_figure(bench: Bench, rows: list[dict], figures_dir: str | Path) -> Path:

@@ -50,6 +50,8 @@ def add_command(sub) -> None:
         choices=["vllm"],
         help="scheduler: time vLLM 0.33.0's Scheduler beside ours (after `pagedlab fetch vllm`)",
     )
+    bench.add_argument("--layouts", action="store_true", help="memory: also a hybrid model's KV bytes for the same "
+                       "requests, every layer full vs vLLM's KV cache groups vs every layer sliding")  # fmt: skip
     _add_trace_arguments(bench)
     bench.add_argument("--url", default=None, help="serve: load this OpenAI-compatible server instead, e.g. a real "
                        "vLLM at http://HOST:8000/v1 (no figure is written)")  # fmt: skip
@@ -70,6 +72,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         options["device"] = args.device
     if args.peer is not None:
         options["peer"] = args.peer
+    if args.layouts:
+        options["layouts"] = True
     options.update(_trace_options(args))
     if args.url is not None or args.model is not None:
         if args.name != "serve":

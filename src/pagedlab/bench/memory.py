@@ -196,10 +196,31 @@ def batch_gain(rows: list[dict], workload: str) -> float | None:
 
 
 def measure_memory(console, pool_slots: int = 16384, num_requests: dict[str, int] | None = None,
-                   block_sizes=BLOCK_SIZES, seed: int = 0) -> list[dict]:  # fmt: skip
-    """Every system on both workloads' saturated streams: the bench's rows."""
+                   block_sizes=BLOCK_SIZES, seed: int = 0, layouts: bool = False) -> list[dict]:  # fmt: skip
+    """Every system on both workloads' saturated streams: the bench's rows; with `layouts` (--layouts), also the
+    KV bytes a hybrid model's layouts hold for the same requests (layout_rows)."""
     rows = []
     for workload, n in (num_requests or NUM_REQUESTS).items():
         console.print(f"[dim]memory: {workload}, {n} requests, {pool_slots} slots …[/dim]")
         rows += memory_rows(workload, n, pool_slots, block_sizes, seed)
+    if layouts:
+        console.print("[dim]memory: hybrid layouts, 40 long requests through the KV managers …[/dim]")
+        rows += layout_rows()
     return rows
+
+
+def layout_rows() -> list[dict]:
+    """KV bytes held at their peaks by the same 40 long requests under three layouts of two hybrid model shapes
+    (lessons/hybrid.py: full-only, vLLM's KV cache groups through the coordinator, window-only). Rows of their own
+    kind, `system` "kv-layout", with the memory rows' fields that do not apply null."""
+    from pagedlab.lessons.hybrid import BLOCK_SIZE, saving_rows
+    from pagedlab.lessons.hybrid import NUM_REQUESTS as LAYOUT_REQUESTS
+
+    na = dict.fromkeys(("token_states", "reservation", "internal_fragmentation", "external_fragmentation",
+                        "mean_batched_requests", "paper_token_states"))  # fmt: skip
+    return [
+        {"system": "kv-layout", "block_size": BLOCK_SIZE, "workload": "long-context", "num_requests": LAYOUT_REQUESTS,
+         **na, "model": r["model"], "layout": r["layout"], "groups": r["groups"], "kv_bytes": round(r["gib"] * 2**30),
+         "share_of_full": r["share_of_full"]}
+        for r in saving_rows()
+    ]  # fmt: skip

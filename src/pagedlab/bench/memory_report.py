@@ -5,6 +5,7 @@ Read with: chapters/97-architecture.md (Benchmarks), chapters/02-paged-blocks.md
 
     TABLES["systems"]      where the pool goes, per workload and system (paged at block 16, as in the figure)
     TABLES["block sizes"]  paged: token states by block size, one line per workload
+    LAYOUTS                with --layouts: a hybrid model's KV bytes, full-only vs vLLM's groups vs window-only
     draw_memory            stacked bars like the paper's Fig. 2: one bar per system, one panel per workload
 """
 
@@ -23,13 +24,18 @@ WORKLOADS = {"sharegpt": "ShareGPT-like", "alpaca": "Alpaca-like"}
 SYSTEMS = {"contiguous-max": "Max", "contiguous-pow2": "Pow2", "contiguous-oracle": "Oracle", "paged": "paged"}
 
 
+def figure_rows(rows: list[dict]) -> list[dict]:
+    """The Figure-2 systems' rows (without --layouts' rows, which have a table of their own)."""
+    return [r for r in rows if r["system"] != "kv-layout"]
+
+
 def _at_paper_block(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["block_size"] in (None, PAPER_BLOCK_SIZE)]
+    return [r for r in figure_rows(rows) if r["block_size"] in (None, PAPER_BLOCK_SIZE)]
 
 
 def _by_block_size(rows: list[dict]) -> list[dict]:
     """One line per workload: paged's token states at each block size."""
-    lines = []
+    lines, rows = [], figure_rows(rows)
     for workload in dict.fromkeys(r["workload"] for r in rows):
         by = {r["block_size"]: r["token_states"] for r in rows if r["system"] == "paged" and r["workload"] == workload}
         lines.append({"workload": workload, **{f"block {b}": share for b, share in by.items()}})
@@ -61,15 +67,29 @@ TABLES = {
 }
 
 
+LAYOUTS = Table(
+    (
+        left("model", lambda r: r["model"]),
+        left("layout", lambda r: r["layout"] + (f" ({r['groups']} groups)" if r["layout"] == "hybrid" else "")),
+        Column("KV held", lambda r: f"{r['kv_bytes'] / 2**30:.2f} GiB"),
+        Column("of full-only", lambda r: pct(r["share_of_full"])),
+    ),
+    lambda rows: [r for r in rows if r["system"] == "kv-layout"],
+    "A hybrid model's KV bytes for the same 40 requests: every layer full, vLLM's KV cache groups, every layer sliding",
+)
+
+
 def tables(rows: list[dict]) -> dict[str, Table]:
-    """Every table of the rows (the block-size table's columns are the block sizes measured)."""
-    return TABLES | {"block sizes": _block_size_table(rows)}
+    """Every table of the rows (the block-size table's columns are the block sizes measured; the layouts' table
+    with --layouts)."""
+    extra = {"layouts": LAYOUTS} if any(r["system"] == "kv-layout" for r in rows) else {}
+    return TABLES | {"block sizes": _block_size_table(figure_rows(rows))} | extra
 
 
 def report(console, rows: list[dict]) -> None:
     for table in tables(rows).values():
         console.print(table.rich(rows))
-    for workload in dict.fromkeys(r["workload"] for r in rows):
+    for workload in dict.fromkeys(r["workload"] for r in figure_rows(rows)):
         gain = batch_gain(rows, workload)
         if gain is not None:
             console.print(f"{workload}: paged (block 16) batches {gain:.1f}x the requests of contiguous-max")
@@ -83,7 +103,7 @@ def draw_memory(rows: list[dict]) -> Figure:
     from pagedlab import viz
 
     colours = dict(zip(SHARES, (viz.USED, viz.RESERVED, INTERNAL_FRAGMENTATION, viz.FREE)))
-    shown = [r for r in rows if r["block_size"] in (None, PAPER_BLOCK_SIZE)]
+    shown = _at_paper_block(rows)
     workloads = list(dict.fromkeys(r["workload"] for r in shown))
     fig, axes = viz.plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.2), squeeze=False, sharey=True)
     for ax, workload in zip(axes[0], workloads):

@@ -1,22 +1,22 @@
 """Stage 2: what KV cache groups save a hybrid model: the same requests' K/V under three layouts, blocks counted by
 the real managers.
 
-Builds on: kv/cache_groups.py (the groups vLLM forms), kv/paged.py (PagedKVCacheManager: a full layer's blocks,
-and with a window a sliding layer's), request.py.
-Read with: chapters/02-paged-blocks.md (Sliding windows).
+Builds on: kv/hybrid.py (HybridKVCacheManager: a table per group over one pool), kv/cache_groups.py (the groups
+vLLM forms), kv/paged.py (PagedKVCacheManager: one kind of layer alone), request.py.
+Read with: chapters/02-paged-blocks.md (Hybrid models: one table per group).
 
 For each model shape and each request (its prompt fed in chunks of CHUNK tokens, as chunked prefill feeds a long
-prompt, then one token a step to its length), a PagedKVCacheManager of each layer kind allocates what the request
-needs and frees what falls behind a window; the request's peak of blocks held is taken per kind. (A window frees
-only what lies behind the step's first query: a prompt fed whole would hold all its blocks for that one step.)
-A layout then costs, per request:
+prompt, then one token a step to its length), the managers allocate what the request needs and free what falls
+behind a window, and the request's peak of blocks held is taken. (A window frees only what lies behind the step's
+first query: a prompt fed whole would hold all its blocks for that one step.) A layout then costs, per request:
 
     full-only     every layer keeps every block: the whole model as if no layer had a window
-    hybrid        vLLM's groups: each group its kind's peak blocks x its layer slots (padding included)
+    hybrid        vLLM's groups: the coordinator's peak of blocks (every group's table together, one pool) x the
+                  layer slots of a block (group_size, padding included)
     window-only   every layer slides: a floor no real hybrid model reaches (its full layers need the context)
 
-in bytes: blocks x layer slots x block_size x 2 (K and V) x KV heads x head_dim x bytes per element. Nothing runs a
-model and no engine keeps a table per group yet (issue 41): the counts are the managers', the layouts arithmetic.
+in bytes: blocks x layer slots x block_size x 2 (K and V) x KV heads x head_dim x bytes per element. No model
+runs: the counts are the managers', the bytes arithmetic (`pagedlab bench memory --layouts` prints them).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from pagedlab.kv.cache_groups import kv_cache_groups
+from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
+from pagedlab.kv.hybrid import HybridKVCacheManager
 from pagedlab.kv.paged import PagedKVCacheManager
 from pagedlab.request import Request
 from pagedlab.sampling_params import SamplingParams
@@ -79,12 +80,31 @@ def peak_blocks(window: int | None, prompt: int, output: int, block_size: int = 
     return peak
 
 
+def hybrid_peak_blocks(groups: list[KVCacheGroup], prompt: int, output: int, block_size: int = BLOCK_SIZE) -> int:
+    """The most blocks a request holds over its life in every group's table together, as the coordinator
+    (kv/hybrid.py) allocates them from one pool and each windowed group frees behind its window."""
+    total = prompt + output
+    kv = HybridKVCacheManager(PagedKVCacheManager, groups, len(groups) * (total // block_size + 2) + 1, block_size,
+                              total)  # fmt: skip
+    request = Request("r", [0] * prompt, SamplingParams(max_tokens=output), output, ())
+    peak = 0
+    while request.num_computed_tokens < total - 1:
+        left = prompt - request.num_computed_tokens
+        new = min(CHUNK, left) if left > 0 else 1
+        if kv.allocate_slots(request, new) is None:
+            raise AssertionError("the pool was sized for the whole request in every group")
+        peak = max(peak, kv.num_used_blocks)
+        request.num_computed_tokens += new
+    return peak
+
+
 def layout_bytes(shape: Shape, lengths: list[tuple[int, int]]) -> dict[str, int]:
     """Bytes held at their peaks by `lengths`' requests, summed, under each layout."""
     kinds = set(shape.layer_windows)
     per_kind = {w: sum(peak_blocks(w, p, o) for p, o in lengths) for w in kinds}
     layers, block = len(shape.layer_windows), shape.block_bytes()
-    hybrid = sum(per_kind[g.window] * g.size for g in kv_cache_groups(shape.layer_windows))
+    groups = kv_cache_groups(shape.layer_windows)
+    hybrid = sum(hybrid_peak_blocks(groups, p, o) for p, o in lengths) * groups[0].size  # one size: every group's
     windows = [w for w in kinds if w is not None]
     return {
         "full-only": per_kind[None] * layers * block,
@@ -125,3 +145,55 @@ def table_lines(rows: list[dict] | None = None) -> list[str]:
 
 def _held(row: dict, with_share: bool) -> str:
     return f"{row['gib']:.2f} GiB" + (f" ({100 * row['share_of_full']:.1f} %)" if with_share else "")
+
+
+# --- the chapter's picture and exercises: one request through the coordinator, no model ---------------------------
+
+PICTURE_WINDOWS = (8, None, 8, None)  # the qwen2-hybrid test model: sliding 8 and full, alternating
+
+
+def grow(chunks: list[int], block_size: int = 4, num_kv_blocks: int = 24) -> list[tuple[list[int], ...]]:
+    """One request of sum(chunks) prompt tokens fed in `chunks` through a HybridKVCacheManager of PICTURE_WINDOWS
+    (stage 2's manager per group, nothing else running): its table in each group after each chunk."""
+    groups = kv_cache_groups(PICTURE_WINDOWS)
+    kv = HybridKVCacheManager(PagedKVCacheManager, groups, num_kv_blocks, block_size, 64)
+    request = Request("A", list(range(3, 3 + sum(chunks))), SamplingParams(max_tokens=1), 1, ())
+    tables = []
+    for chunk in chunks:
+        if kv.allocate_slots(request, chunk) is None:
+            raise AssertionError("the pool was sized for the request")
+        request.num_computed_tokens += chunk
+        tables.append(kv.get_block_ids(request))
+    return tables
+
+
+def picture_lines(chunks: tuple[int, ...] = (8, 8, 8, 6)) -> list[str]:
+    """The chapter's picture: request A's two tables after each chunk (block 0 is the null block)."""
+    groups = kv_cache_groups(PICTURE_WINDOWS)
+    names = [f"{g.kind} (layers {', '.join(map(str, g.layers))})" for g in groups]
+    width = max(map(len, names))
+    lines, computed = [], 0
+    for chunk, tables in zip(chunks, grow(list(chunks))):
+        computed += chunk
+        lines.append(f"after {computed} tokens:")
+        lines += [f"  {name:<{width}}  " + " ".join(f"[{b}]" for b in t) for name, t in zip(names, tables)]
+    return lines
+
+
+def hit_tokens(full_cached: tuple[int, ...], window_cached: tuple[int, ...], window: int = 9, block_size: int = 4,
+               prompt: int = 30) -> int:  # fmt: skip
+    """The prefix-cache hit (tokens) of a `prompt`-token request on a model of one full and one sliding layer when
+    the full group has the blocks `full_cached` of its prompt cached and the window's group `window_cached`."""
+    from pagedlab.kv.prefix import PrefixCachingKVCacheManager
+
+    groups = kv_cache_groups((None, window))
+    kv = HybridKVCacheManager(PrefixCachingKVCacheManager, groups, 32, block_size, 64)
+    request = Request("B", list(range(3, 3 + prompt)), SamplingParams(max_tokens=1), 1, ())
+    kv.get_computed_blocks(request)  # the request's block hashes
+    blocks = kv.pool.allocate(len(full_cached) + len(window_cached))
+    for m, cached, mine in zip(kv.managers, (full_cached, window_cached), (blocks[: len(full_cached)],
+                                                                              blocks[len(full_cached) :])):  # fmt: skip
+        for i, block in zip(cached, mine):
+            m.pool.index.insert(block, request.block_hashes[i])
+    kv.pool.free(blocks)  # free, still cached
+    return kv.num_hit_tokens(kv.get_computed_blocks(request))

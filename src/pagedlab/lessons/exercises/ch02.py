@@ -15,6 +15,7 @@ import torch
 from pagedlab.attention.base import allocate_kv_cache
 from pagedlab.kv.paged import PagedKVCacheManager, cdiv
 from pagedlab.lessons.exercises.core import Exercise
+from pagedlab.lessons.hybrid import grow, hit_tokens
 from pagedlab.llm import LLM
 from pagedlab.sampling_params import SamplingParams
 
@@ -85,6 +86,23 @@ def coalescing() -> dict:
     for name in ("vllm", "pagedlab"):
         out[f"{name}_sectors"] = len({b // 32 for start in out[f"{name}_offsets"] for b in (start, start + 15)})
     return out
+
+
+@functools.cache
+def two_tables() -> dict:
+    """Exercise 2.7: request A's table in each group after its third and fourth chunks (lessons/hybrid.py)."""
+    tables = grow([8, 8, 8, 6])
+    return {"sliding_3": tables[2][0], "full_3": tables[2][1], "sliding_4": tables[3][0], "full_4": tables[3][1]}
+
+
+@functools.cache
+def hybrid_hits() -> dict:
+    """Exercise 2.8: the hit every group can serve, in tokens, for three caches."""
+    return {
+        "a": hit_tokens((0, 1, 2, 3, 4, 5), (0, 1, 2, 4, 5)),
+        "b": hit_tokens((0, 1, 2, 3, 4, 5), (0, 1, 2, 5)),
+        "c": hit_tokens((0, 1, 2, 3, 4, 5, 6), (5, 6)),
+    }
 
 
 _TABLES = ("A request holds cdiv(tokens with K/V, block_size) blocks: it takes one only when its last block is full.",
@@ -167,4 +185,43 @@ EXERCISES = [
         code="attention/base.py allocate_kv_cache; vLLM v0.10.2 csrc/attention/attention_kernels.cuh",
     ),
     Exercise("02.6", "Read vLLM", solution=True),
+    Exercise(
+        "02.7",
+        "Two tables for one request",
+        two_tables,
+        parts=("sliding_3", "full_3", "sliding_4", "full_4"),
+        form='{"sliding_3": [...], "full_3": [...], "sliding_4": [...], "full_4": [...]}',
+        hints={
+            "sliding_3": (
+                "Before a chunk allocates, the sliding group frees every block wholly before its first query's "
+                "window: (num_computed_tokens - W + 1) // block_size blocks, tail first, null block in their place.",
+                "A freed block with no cached prefix goes to the head of the free queue: it is the next one taken.",
+            ),
+            "full_3": ("The full group never frees; groups allocate in their order, the sliding group first here.",),
+            "sliding_4": ("The same rule again at 24 computed tokens; the table keeps its length.",),
+            "full_4": ("cdiv(30, 4) entries, each a block of its own.",),
+        },
+        graded="the coordinator's allocation and a window's freeing, exactly; other chunks or windows give a new one",
+        explain="Both groups take blocks from one pool; the sliding group gives back what its window passed and takes "
+        "it again.",
+        code="kv/hybrid.py HybridKVCacheManager.allocate_slots, kv/window.py SlidingWindow.free_skipped",
+    ),
+    Exercise(
+        "02.8",
+        "A hit every group serves",
+        hybrid_hits,
+        parts=("a", "b", "c"),
+        form='{"a": tokens, "b": tokens, "c": tokens}',
+        hints={
+            "": (
+                "The full group's hit is its cached blocks from the first, up to the first one missing.",
+                "The window's group needs only cdiv(W - 1, block_size) cached blocks in a row, ending where the hit "
+                "ends; scan back from the full group's length for the first such run.",
+                "A shorter answer from one group shortens the hit for all: ask again until no group shortens it.",
+            )
+        },
+        graded="vLLM's fixed point of per-group hits, with one right answer per cache",
+        explain="A hit is a prefix every group can serve: the full layers need every block, a window only its last.",
+        code="kv/hybrid.py HybridKVCacheManager.get_computed_blocks; vLLM kv_cache_coordinator.py",
+    ),
 ]
