@@ -9,12 +9,15 @@ aborts disturb nothing; nothing leaks.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from pagedlab import LLM, SamplingParams, load_model, oracle
 from pagedlab.kv.cache_groups import KVCacheGroup
 from pagedlab.kv.hybrid import HybridKVCacheManager
+from tests.conftest import need_triton
 from tests.equivalence import assert_matches_oracle
 from tests.model.hf_models import save_hf_model
 
@@ -172,3 +175,17 @@ def test_n_children_and_an_abort_beside_them_equal_the_oracle(folders):
     expected = oracle.generate(m.model, PROMPTS[2], greedy, (), 96)
     assert_matches_oracle(outputs["plain"].outputs[0].token_ids, expected, "plain")
     assert engine.kv_manager.num_used_blocks == 0
+
+
+@pytest.mark.stage6
+def test_stage_6_triton_kernels_equal_transformers_on_a_hybrid_model(folders):
+    """Stage 6's kernels read each layer's own group's block table and slot mapping (a null entry where the
+    window dropped a block is never loaded)."""
+    need_triton()
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    folder, want = folders["qwen2-hybrid"]
+    llm = LLM(str(folder), stage=6, block_size=4, max_model_len=96, max_num_seqs=3, device=device)
+    assert llm.engine.attention_backend == "triton"
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert got == [w[:8] for w in want] and llm.engine.kv_manager.num_used_blocks == 0

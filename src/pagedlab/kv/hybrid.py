@@ -202,45 +202,36 @@ class HybridKVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], ...]:
         """Each group's hits for the longest prefix every group can serve (vLLM's find_longest_cache_hit, a fixed
-        point): the full groups' cached blocks from the start, up to the first block some full group lacks; then,
-        within that length, each window's longest run of cached blocks covering its last window - 1 tokens
-        (entries before the run are the null block: no query will read them). A shorter answer from any kind
-        shortens the candidate, and every kind is asked again, until none shortens it."""
+        point): a full group's hit is its own manager's (its cached blocks from the first, up to a miss, the last
+        token left to compute); within the shortest of those, each window's longest run of cached blocks covering
+        its last window - 1 tokens (entries before the run are the null block: no query will read them). A shorter
+        answer from any kind shortens the candidate, and every kind is asked again, until none shortens it."""
         if not self.enable_caching:
             return tuple([] for _ in self.managers)
-        m0 = self.managers[0]
-        update_block_hashes(request, self.block_size, m0.none_hash, m0.hash_algo)
-        hashes = request.block_hashes
         kinds: dict[int | None, list] = {}  # window -> its groups' managers (vLLM's attention groups)
         for group, m in zip(self.groups, self.managers):
             kinds.setdefault(group.window, []).append(m)
+        # each full group's own lookup (it brings the request's block hashes up to date): a prefix of cached blocks,
+        # so the blocks every full group serves are the shortest one's length of each
+        full = {id(m): m.get_computed_blocks(request) for m in kinds.get(None, ())}
+        update_block_hashes(request, self.block_size, self.managers[0].none_hash, self.managers[0].hash_algo)
         length = (request.num_tokens - 1) // self.block_size  # the last token's logits are needed
         hits: dict[int, list] = {}
         while True:
             candidate = length
             for window, ms in kinds.items():
                 if window is None:
-                    found = self._full_hit(ms, hashes, candidate)
+                    candidate = min([candidate] + [len(full[id(m)]) for m in ms])
+                    found = [full[id(m)][:candidate] for m in ms]
                 else:
-                    found = self._window_hit(ms, hashes, candidate, window)
+                    found = self._window_hit(ms, request.block_hashes, candidate, window)
+                    candidate = min(candidate, len(found[0]))
                 for m, blocks in zip(ms, found):
                     hits[id(m)] = blocks
-                candidate = min(candidate, len(found[0]))
             if candidate >= length:
                 break
             length = candidate
         return tuple(hits[id(m)][:length] for m in self.managers)
-
-    def _full_hit(self, ms, hashes, max_blocks: int) -> list[list[KVCacheBlock]]:
-        """Full attention: the blocks cached in every one of these groups, from the first, up to a miss."""
-        found: list[list[KVCacheBlock]] = [[] for _ in ms]
-        for block_hash in hashes[:max_blocks]:
-            blocks = [m.pool.index.get(block_hash) for m in ms]
-            if any(b is None for b in blocks):
-                break
-            for out, b in zip(found, blocks):
-                out.append(b)
-        return found
 
     def _window_hit(self, ms, hashes, max_blocks: int, window: int) -> list[list[KVCacheBlock]]:
         """A window of W tokens: scanning back from max_blocks, the first run of cdiv(W - 1, block_size) blocks
