@@ -94,7 +94,7 @@ def test_figures_command_without_dot_skips_the_dot_figures_in_one_line(tmp_path)
     written = [Path(line) for line in done.stdout.splitlines()]  # the command prints each path it wrote
     chapter7 = 4 if is_fetched(SMOLLM2) else 0  # chapter 7's figures need the fetched SmolLM2, not dot
     chapter6 = 3 if importlib.util.find_spec("triton") else 0  # two PNGs and the parity rows: Triton, not dot
-    assert sorted(written) == sorted(out.iterdir()) and len(written) == 12 + chapter6 + chapter7  # 02_sliding: 2
+    assert sorted(written) == sorted(out.iterdir()) and len(written) == 13 + chapter6 + chapter7  # 02_sliding: 2
     assert not {p.name for p in written} & set(DRAWN_BY_DOT)
     assert all(p.read_bytes()[:8] == PNG for p in written if p.suffix == ".png")
 

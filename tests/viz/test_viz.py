@@ -120,6 +120,7 @@ def test_make_figures_writes_every_registered_png(tmp_path):
         "02_pool_occupancy.png",
         "02_sliding_window.png",
         "02_sliding_window.json",
+        "02_hybrid_tables.png",
         "03_cow_before_after.png",
         "03_beam_tree.png",
         "04_hash_chain.png",

@@ -63,6 +63,7 @@ _WHERE = {  # public name -> (its module under pagedlab.lessons, its name there)
     "fig_02_block_tables": ("stage2", "fig_02_block_tables"),
     "fig_02_pool_occupancy": ("stage2", "fig_02_pool_occupancy"),
     "fig_02_sliding_window": ("window", "fig_02_sliding_window"),
+    "fig_02_hybrid_tables": ("hybrid", "fig_02_hybrid_tables"),
     "fig_03_beam_tree": ("stage3", "fig_03_beam_tree"),
     "fig_03_cow_before_after": ("stage3", "fig_03_cow_before_after"),
     "fig_04_block_tables_hits": ("stage4", "fig_04_block_tables_hits"),

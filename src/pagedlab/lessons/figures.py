@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pagedlab.lessons.hybrid import fig_02_hybrid_tables
 from pagedlab.lessons.stage1 import fig_01_batch_timeline, fig_01_kv_over_steps, fig_01_reserved_vs_used
 from pagedlab.lessons.stage2 import fig_02_block_tables, fig_02_pool_occupancy
 from pagedlab.lessons.stage3 import fig_03_beam_tree, fig_03_cow_before_after
@@ -49,6 +50,7 @@ FIGURES = [
     fig_02_block_tables,
     fig_02_pool_occupancy,
     fig_02_sliding_window,
+    fig_02_hybrid_tables,
     fig_03_cow_before_after,
     fig_03_beam_tree,
     fig_04_hash_chain,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from pagedlab.kv.cache_groups import KVCacheGroup, kv_cache_groups
 from pagedlab.kv.hybrid import HybridKVCacheManager
@@ -197,3 +198,34 @@ def hit_tokens(full_cached: tuple[int, ...], window_cached: tuple[int, ...], win
             m.pool.index.insert(block, request.block_hashes[i])
     kv.pool.free(blocks)  # free, still cached
     return kv.num_hit_tokens(kv.get_computed_blocks(request))
+
+
+def fig_02_hybrid_tables(out_dir: Path) -> Path:
+    """Request A's two block tables after each chunk (picture_lines' run): one row per KV cache group, the null
+    block where the window dropped a block, one colour per group."""
+    from pagedlab import viz
+    from pagedlab.lessons.common import _save
+
+    chunks = (8, 8, 8, 6)
+    groups = kv_cache_groups(PICTURE_WINDOWS)
+    colours = (viz.CACHED, viz.USED)  # one per group (sliding, full)
+    fig, axes = viz.plt.subplots(len(chunks), 1, figsize=(7.5, 5.2))
+    computed = 0
+    for ax, chunk, tables in zip(axes, chunks, grow(list(chunks))):
+        computed += chunk
+        for row, (group, table, colour) in enumerate(zip(groups, tables, colours)):
+            y = len(groups) - 1 - row
+            ax.text(-0.2, y + 0.45, f"{group.kind} (layers {', '.join(map(str, group.layers))})", ha="right",
+                    va="center", fontsize=8)  # fmt: skip
+            for i, block in enumerate(table):
+                null = block == 0
+                ax.add_patch(viz.plt.Rectangle((i, y), 0.92, 0.9, color=viz.FREE if null else colour))
+                ax.text(i + 0.46, y + 0.45, "∅" if null else str(block), ha="center", va="center", fontsize=8,
+                        color="black" if null else "white")  # fmt: skip
+        ax.set_xlim(-4.2, 8.2)
+        ax.set_ylim(-0.1, len(groups))
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.set_title(f"after {computed} prompt tokens", fontsize=9, loc="left")
+    fig.suptitle("One request, one block table per KV cache group, one pool (∅: the null block)", fontsize=10)
+    return _save(fig, Path(out_dir) / "02_hybrid_tables.png")
