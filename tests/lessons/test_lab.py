@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedlab.lessons.lab import KNOBS, LabOptions, LabRun, run_lab
+from pagedlab.lessons import lab_browser
+from pagedlab.lessons.lab import KNOBS, LabOptions, LabRun, lab_config, run_lab
 from pagedlab.lessons.lab_workload import VOCAB_SIZE, make_workload
 from pagedlab.lessons.window import windowed_bundled_model
 from pagedlab.model.loader import load_model
@@ -64,6 +65,62 @@ def test_a_run_whose_trace_would_not_fit_a_page_stops_naming_what_to_change():
 def test_a_knob_the_engine_refuses_is_named_by_the_engine():
     with pytest.raises(ValueError, match="^preemption_mode:"):
         run_lab(LabOptions(preemption_mode="never"))
+
+
+# --- a hybrid model: one block table per KV cache group ---------------------------------------------------------
+
+HYBRID = "num_kv_blocks=64&sliding_window=16&layer_pattern=WF"  # each group needs its blocks: 48 hold no worst case
+
+
+def test_the_layer_pattern_reads_back_and_makes_the_lab_model_hybrid():
+    options = LabOptions(num_kv_blocks=64, sliding_window=16, layer_pattern="WF")
+    assert options.fragment() == HYBRID and LabOptions.from_fragment(HYBRID) == options
+    config = lab_config(options)
+    assert (config.sliding_window, config.layer_windows) == (0, (16, None))  # W: the window's layer, F: full
+    assert lab_config(LabOptions(sliding_window=16)).layer_windows == ()  # "": every layer alike, as before
+    assert lab_config(LabOptions(sliding_window=16, layer_pattern="WWWWWF")).layer_windows == (16,) * 5 + (None,)
+
+
+@pytest.mark.parametrize(
+    "fragment, why",
+    [
+        ("layer_pattern=WX&sliding_window=16", "expected up to 12 letters W"),
+        ("layer_pattern=wf&sliding_window=16", "expected up to 12 letters W"),
+        ("layer_pattern=W,F&sliding_window=16", "expected up to 12 letters W"),
+        ("layer_pattern=" + "WF" * 7 + "&sliding_window=16", "expected up to 12 letters W"),
+        ("layer_pattern=WWW&sliding_window=16", "a hybrid model mixes W and F"),
+        ("layer_pattern=FF", "a hybrid model mixes W and F"),
+        ("layer_pattern=WF", "its W layers see sliding_window tokens"),
+    ],
+)
+def test_a_bad_layer_pattern_is_a_value_error_naming_it(fragment, why):
+    with pytest.raises(ValueError, match=f"^layer_pattern: {why}"):
+        LabOptions.from_fragment(fragment)
+
+
+@pytest.mark.parametrize("stage", [2, 3, 4, 5])
+def test_a_hybrid_lab_run_keeps_a_table_per_group(stage):
+    trace = run_lab(LabOptions.from_fragment(f"{HYBRID}&stage={stage}&num_requests=12"))
+    validate(trace)
+    config = trace["config"]
+    assert (config["layer_windows"], config["sliding_window"]) == ([16, None], 0)
+    assert config["kv_cache_groups"] == [{"kind": "sliding-16", "layers": [0]}, {"kind": "full", "layers": [1]}]
+    tables = [t for step in trace["steps"] for t in step["tables"].values()]
+    assert tables and all(len(t) == 2 and len(t[0]) == len(t[1]) for t in tables)  # one per group, as long
+    # The window's group frees what falls behind the window (the null block, 0, stands there); full keeps all.
+    assert any(0 in window for window, _ in tables) and not any(0 in full for _, full in tables)
+    for step in trace["steps"]:  # one pool: a block serves one group's layers
+        window = {b for w, _ in step["tables"].values() for b in w} - {0}
+        assert not window & {b for _, f in step["tables"].values() for b in f}
+    # a cached block's hash is named with its group's number (the same tokens, a block in each group)
+    assert all(re.fullmatch(r"[01]:[0-9a-f]{12}", name) for name in trace["hashes"])
+    assert bool(trace["hashes"]) == (stage >= 4)
+
+
+def test_the_lab_asks_no_question_of_a_hybrid_run():
+    # predict.py's questions read one block table per request: a hybrid run is shown, not quizzed.
+    asked = json.loads(lab_browser.question(HYBRID, 3))
+    assert list(asked) == ["none"] and "layer_pattern" in asked["none"]
 
 
 # --- the workload -------------------------------------------------------------------------------------------
@@ -189,5 +246,14 @@ NO_TORCH = textwrap.dedent(
 
 def test_the_core_and_the_lab_import_and_run_without_torch():
     result = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[0]) > 0
+
+
+def test_a_hybrid_lab_run_needs_no_torch_either():
+    # kv/hybrid.py and kv/cache_groups.py are pure Python: the lab's page runs them in the browser.
+    script = NO_TORCH.replace("lab.LabOptions(num_requests=8)", f"lab.LabOptions.from_fragment({HYBRID!r})")
+    assert script != NO_TORCH
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split()[0]) > 0

@@ -134,6 +134,24 @@ def test_the_drawn_block_tables_are_the_traces(browser):
     reset(browser)
 
 
+def test_a_hybrid_layer_pattern_draws_a_table_per_group(browser):
+    # The text knob layer_pattern makes the model hybrid: each request's rows are its tables, one per group, each
+    # labelled with its group's kind, the window's group showing the null block (0) behind its window.
+    trace = turn(browser, {"num_kv_blocks": 64, "sliding_window": 16, "layer_pattern": "WF"})
+    fragment = browser.eval("window.lab.fragment()")
+    assert fragment == "num_kv_blocks=64&sliding_window=16&layer_pattern=WF"
+    assert trace == run_lab(LabOptions.from_fragment(fragment))
+    kinds = [g["kind"] for g in trace["config"]["kv_cache_groups"]]
+    step = next(s for s in trace["steps"] if any(0 in t[0] and t[1] for t in s["tables"].values()))
+    browser.eval(f"{FRAME}.pagedlab.goToStep({step['step']})")
+    drawn = browser.eval(
+        f"[...{FRAME}.document.querySelectorAll('#tables .row')].map(r => [r.dataset.request, Number(r.dataset.group), "
+        "r.querySelector('.group').textContent, [...r.querySelectorAll('.cell')].map(c => Number(c.dataset.block))])"
+    )
+    assert drawn == [[rid, g, kinds[g], blocks] for rid, t in step["tables"].items() for g, blocks in enumerate(t)]
+    reset(browser)
+
+
 def test_a_knob_change_keeps_the_cursor_where_the_step_still_exists(browser):
     trace = turn(browser, {"num_requests": 20})
     browser.eval(f"{FRAME}.pagedlab.goToStep(12)")

@@ -15,7 +15,7 @@ import pytest
 from pagedlab.lessons.demo import DemoOptions, demo_trace
 from pagedlab.tools.cli import main
 from pagedlab.viz import page as step_through
-from pagedlab.viz.trace import from_json
+from pagedlab.viz.trace import from_json, to_trace, trace_groups
 from tests.browser import need_chromium
 
 HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=5000"]
@@ -199,10 +199,9 @@ def assert_shows_step(dom: Node, trace: dict, index: int) -> None:
     assert body.attrs["data-hash"] == f"#step={step['step']}"  # the address follows the step shown
     for queue in ("waiting", "running", "preempted", "swapped"):
         assert requests_in(dom.by_id(f"queue-{queue}")) == step[queue], queue
-    rows = [n for n in dom.by_id("tables").children if "row" in n.attrs.get("class", "")]
-    shown = {row.attrs["data-request"]: [int(c.attrs["data-block"]) for c in row.find(data_block=None)] for row in rows}
-    assert list(shown.items()) == list(step["tables"].items())
-    assert_pool(dom.by_id("pool"), step["pool"], 0 if trace["config"].get("sliding_window") else None)
+    assert list(shown_tables(dom).items()) == list(group_tables(trace, step).items())
+    hybrid = trace_groups(trace["config"]) > 1
+    assert_pool(dom.by_id("pool"), step["pool"], 0 if trace["config"].get("sliding_window") or hybrid else None)
     items = [li for li in dom.by_id("events").children if li.tag == "li"]
     events = [(li.attrs["data-kind"], li.full_text().removeprefix(li.attrs["data-kind"])) for li in items]
     assert events == ([(e["kind"], e["text"]) for e in step["events"]] or [("none", QUIET_STEP)])
@@ -210,6 +209,21 @@ def assert_shows_step(dom: Node, trace: dict, index: int) -> None:
     decode = sum(step["scheduled"].values()) - prefill
     budget = dom.by_id("budget").attrs
     assert (int(budget["data-prefill"]), int(budget["data-decode"])) == (prefill, decode)
+
+
+def shown_tables(dom: Node) -> dict[str, list[list[int]]]:
+    """The block tables the page draws: request -> its rows' block ids (one row, or a hybrid model's one per group)."""
+    shown: dict[str, list[list[int]]] = {}
+    for row in (n for n in dom.by_id("tables").children if "row" in n.attrs.get("class", "")):
+        blocks = [int(c.attrs["data-block"]) for c in row.find(data_block=None)]
+        shown.setdefault(row.attrs["data-request"], []).append(blocks)
+    return shown
+
+
+def group_tables(trace: dict, step: dict) -> dict[str, list[list[int]]]:
+    """A step's tables as lists of tables: a hybrid trace's are already one per group, an ordinary one's is one."""
+    hybrid = trace_groups(trace["config"]) > 1
+    return {rid: table if hybrid else [table] for rid, table in step["tables"].items()}
 
 
 def assert_pool(pool: Node, expected: dict | None, null: int | None = None) -> None:
@@ -305,6 +319,50 @@ def test_a_sliding_window_run_shows_its_null_block(pages, tmp_path):
     assert "hidden" not in dom.by_id("legend-null").attrs
     assert dom.by_id("subtitle").full_text().endswith(" · sliding window of 16 tokens")
     assert "hidden" in dump_dom(pages["continuous"]).by_id("legend-null").attrs  # no window, no null block
+
+
+def hybrid_trace() -> dict:
+    """A hybrid model's run, without a model: the differential's recording (layers full, sliding-8, full,
+    sliding-16: four KV cache groups) replayed by the stage-5 scheduler and KV manager."""
+    from pagedlab.engine.replay import ReplayEngine
+    from pagedlab.lessons.differential import workload
+
+    return to_trace(ReplayEngine(workload("hybrid", 0)).run())
+
+
+@pytest.mark.slow
+def test_a_hybrid_run_shows_a_table_per_group_and_lights_up_every_group(tmp_path):
+    # The step where a request holds real blocks in every group and a sliding group has dropped some (null).
+    trace = hybrid_trace()
+    kinds = [g["kind"] for g in trace["config"]["kv_cache_groups"]]
+    assert len(kinds) == trace_groups(trace["config"]) > 1 and "full" in kinds and len(set(kinds)) > 1
+
+    def shows_all(table: list[list[int]]) -> bool:
+        return all(any(b != 0 for b in group) for group in table) and any(0 in group for group in table)
+
+    index, rid = next((i, r) for i, s in enumerate(trace["steps"]) for r, t in s["tables"].items() if shows_all(t))
+    step = trace["steps"][index]
+    page = step_through.write_html(trace, tmp_path / "hybrid.html")
+    assert_shows_step(dump_dom(page, f"#step={step['step']}"), trace, index)  # every request's rows, the pool, ...
+    dom = dump_dom(page, f"#step={step['step']}&request={rid}")
+    rows = [n for n in dom.by_id("tables").children if n.attrs.get("data-request") == rid]
+    assert [row.attrs["data-group"] for row in rows] == [str(g) for g in range(len(kinds))]
+    labels = [row.find(**{"class": "group"})[0] for row in rows]
+    assert [label.full_text() for label in labels] == kinds
+    for g, (label, group) in enumerate(zip(labels, trace["config"]["kv_cache_groups"])):
+        assert label.attrs["title"] == f"KV cache group {g}: layers {', '.join(map(str, group['layers']))}"
+    for row, blocks in zip(rows, step["tables"][rid]):
+        cells = row.find(data_block=None)
+        assert [int(c.attrs["data-block"]) for c in cells] == blocks
+        assert [("null" in c.attrs["class"].split()) for c in cells] == [b == 0 for b in blocks]
+    chips = [[n for n in row.find(data_request=rid) if "req" in n.attrs.get("class", "")] for row in rows]
+    assert [len(c) for c in chips] == [1] + [0] * (len(rows) - 1)  # the request's chip on its first row only
+    lit = [int(c.attrs["data-block"]) for c in dom.by_id("pool").find(data_block=None) if "hl" in c.attrs["class"]]
+    held = {b for group in step["tables"][rid] for b in group} - {0}  # every group's blocks, not the null block
+    assert sorted(lit) == sorted(held)
+    assert all(any(b in lit for b in group) for group in step["tables"][rid])  # each group's blocks light up
+    assert "hidden" not in dom.by_id("legend-groups").attrs and "hidden" not in dom.by_id("legend-null").attrs
+    assert dom.by_id("subtitle").full_text().endswith(f"a block table per KV cache group ({', '.join(kinds)})")
 
 
 @pytest.mark.slow

@@ -161,6 +161,33 @@ def test_a_sliding_window_run_keeps_its_null_block_out_of_the_free_queue():
     viz_trace.validate(broken(older, lambda t: [s["pool"]["free"].append(0) for s in t["steps"]]))
 
 
+@pytest.mark.stage5
+def test_a_hybrid_trace_keeps_a_table_per_group_and_names_the_groups():
+    # The differential's hybrid recording (layers full and sliding-24), replayed without a model: every request
+    # has one table per KV cache group, and the config names the groups in that order for the page's labels.
+    from pagedlab.engine.replay import ReplayEngine
+    from pagedlab.lessons.differential import workload
+
+    trace = viz_trace.from_json(viz_trace.dumps(viz_trace.to_trace(ReplayEngine(workload("hybrid", 1)).run())))
+    config = trace["config"]
+    assert config["layer_windows"] == [None, 24] and viz_trace.trace_groups(config) == 2
+    assert config["kv_cache_groups"] == [{"kind": "full", "layers": [0]}, {"kind": "sliding-24", "layers": [1]}]
+    tables = [t for step in trace["steps"] for t in step["tables"].values()]
+    assert tables and all(len(t) == 2 for t in tables)
+    assert any(0 in window for _, window in tables) and not any(0 in full for full, _ in tables)  # the null block
+    first = trace["steps"][0]["tables"]
+    rid = next(r for r, t in first.items() if t[0])
+    with pytest.raises(ValueError, match=rf"^steps\[0\]\.tables\['{rid}'\]: expected 2 tables \(one per group\)"):
+        viz_trace.validate(broken(trace, lambda t: t["steps"][0]["tables"].update({rid: first[rid][:1]})))
+    with pytest.raises(ValueError, match=rf"^steps\[0\]\.tables\['{rid}'\]\[0\]: expected list, got int"):
+        viz_trace.validate(broken(trace, lambda t: t["steps"][0]["tables"].update({rid: [1, 2]})))  # a flat table
+    with pytest.raises(ValueError, match=r"^config\.kv_cache_groups: expected \[\{'kind': 'full'"):
+        viz_trace.validate(broken(trace, lambda t: t["config"]["kv_cache_groups"].reverse()))
+    with pytest.raises(ValueError, match=r"^config\.kv_cache_groups: expected none: the layers are all alike"):
+        viz_trace.validate(broken(trace, lambda t: t["config"].update(layer_windows=[24, 24])))
+    viz_trace.validate(broken(trace, lambda t: t["config"].pop("kv_cache_groups")))  # written before the labels
+
+
 def broken(trace: dict, change) -> dict:
     bad = copy.deepcopy(trace)
     change(bad)

@@ -312,7 +312,8 @@ class HybridKVCacheManager:
     # -- preemption by swapping (stage 5) ------------------------------------------------------------------------
 
     def is_swapped(self, request: Request) -> bool:
-        return any(m.is_swapped(request) for m in self.managers)
+        # stages 2-4's managers never swap, and have no is_swapped (a recorded step asks every stage)
+        return any(m.is_swapped(request) for m in self.managers if hasattr(m, "is_swapped"))
 
     def can_swap_out(self, group: list[Request]) -> bool:
         held = sum(len(m.window.held(m.req_to_blocks.get(r.request_id, ()))) for m in self.managers for r in group)

@@ -8,6 +8,7 @@ The lab page (`pagedlab lab`) runs this module in the browser, in Pyodide's CPyt
 runs it on the desktop. Both start from the same knobs, written as a URL fragment:
 
     lab.html#stage=4&block_size=16&num_kv_blocks=40&seed=3      knobs not named keep their defaults (KNOBS)
+    lab.html#sliding_window=16&layer_pattern=WF                 a hybrid model: a block table per KV cache group
 
     LabOptions.from_fragment(text) -> run_lab(options) -> a trace: the same JSON, step for step, in both places
 
@@ -37,6 +38,7 @@ EVICTIONS = ("lru", "fifo", "lfu", "slru")  # the prefix cache's online eviction
 MAX_REQUESTS = 500  # a run of this many takes a few seconds in a browser tab
 MAX_STEPS = 10_000  # the engine's trace keeps this many steps (EngineConfig.max_trace_steps): a run stops there
 MAX_CELLS = 4_000_000  # steps x num_kv_blocks: the pool's cells a trace may hold (about 20 MB of JSON)
+MAX_LAYERS = 12  # layer_pattern's letters: enough for gpt-oss's WF and Gemma 3's WWWWWF, and few tables to draw
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class LabOptions:
     scheduling_policy: str = "fcfs"  # stage 5: "fcfs" | "priority"
     eviction_policy: str = "lru"  # stage 4+: which cached free block is reused first (EVICTIONS)
     sliding_window: int = 0  # tokens each query sees (0: all): blocks behind it are freed (stage 2+)
+    # a hybrid model's layers, one letter each: W sees the sliding window, F is full attention ("WF": gpt-oss,
+    # "WWWWWF": Gemma 3); each KV cache group gets its own block table, and its own blocks of the one pool (WF
+    # needs num_kv_blocks=64 for the default workload). "": every layer alike (sliding_window's), as before
+    layer_pattern: str = ""
     num_requests: int = 24  # the workload's size
     seed: int = 0  # the workload's and the tokens' seed
 
@@ -117,6 +123,26 @@ def _check_options(o: LabOptions) -> None:
     for name, (low, high) in RANGES.items():
         if not low <= getattr(o, name) <= high:
             raise ValueError(f"{name}: expected {low} to {high}, got {getattr(o, name)!r}")
+    _check_pattern(o.layer_pattern, o.sliding_window)
+
+
+def _check_pattern(pattern: str, window: int) -> None:
+    """layer_pattern: "" or a mix of W and F, at most MAX_LAYERS letters; W layers need a window to see."""
+    if not pattern:
+        return
+    if len(pattern) > MAX_LAYERS or set(pattern) - {"W", "F"}:
+        raise ValueError(f"layer_pattern: expected up to {MAX_LAYERS} letters W (a sliding-window layer) and F (full "
+                         f"attention), such as WF or WWWWWF; got {pattern!r:.40}")  # fmt: skip
+    if set(pattern) != {"W", "F"}:
+        raise ValueError(f"layer_pattern: a hybrid model mixes W and F layers; got {pattern!r} (leave it empty for "
+                         "layers all alike)")  # fmt: skip
+    if window == 0:
+        raise ValueError("layer_pattern: its W layers see sliding_window tokens: set sliding_window above 0")
+
+
+def layer_windows(options: LabOptions) -> tuple[int | None, ...]:
+    """The model's window per layer (None: full attention) from layer_pattern; () for layers all alike."""
+    return tuple(options.sliding_window if kind == "W" else None for kind in options.layer_pattern)
 
 
 class StepClock:
@@ -206,7 +232,10 @@ def lab_config(options: LabOptions):
         max_num_batched_tokens=options.max_num_batched_tokens, max_model_len=MAX_MODEL_LEN, seed=options.seed,
         record_trace=True, **settings,
     )  # fmt: skip
-    return replace(config, sliding_window=options.sliding_window)  # the model's, in a real run (config.json)
+    # The model's, in a real run (config.json): every layer's window, or a hybrid model's window per layer
+    if options.layer_pattern:
+        return replace(config, sliding_window=0, layer_windows=layer_windows(options))
+    return replace(config, sliding_window=options.sliding_window)
 
 
 def _kv_parts(options: LabOptions) -> dict | None:

@@ -74,7 +74,11 @@ def show(text: str) -> str:
 def question(fragment: str, step: int) -> str:
     """A question about step `step` + 1, asked after `step` steps: {"name", "text", "kind"} or {"none": why}."""
     try:
-        engine = LabRun(LabOptions.from_fragment(fragment)).run_to(step).engine
+        options = LabOptions.from_fragment(fragment)
+        if options.layer_pattern:  # predict.py's questions read one block table per request
+            return json.dumps({"none": "the questions ask about one block table per request, and a hybrid model "
+                                       "keeps one per KV cache group: empty layer_pattern to be asked"})  # fmt: skip
+        engine = LabRun(options).run_to(step).engine
     except ValueError as e:
         return json.dumps({"error": str(e)})
     if engine.stats.num_steps < step or not engine.has_unfinished_requests():

@@ -16,9 +16,12 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
         "preemption_mode": "recompute", "num_swap_blocks": 0, "scheduling_policy": "fcfs",
         "sliding_window": 0,         tokens (0: none; absent reads as 0); with one, block 0 is the null block:
                                      ref 0 yet never in the free queue, the tables' entry for blocks behind it
-        "layer_windows": []},        a hybrid model's window per layer (null: full attention), [] otherwise
+        "layer_windows": [],         a hybrid model's window per layer (null: full attention), [] otherwise
                                      (absent reads as []); with layers of two kinds, every request has one
                                      table per KV cache group (kv/cache_groups.py), block 0 is the null block
+        "kv_cache_groups": [         a hybrid model's groups in table order, kv_cache_groups(layer_windows),
+          {"kind": "sliding-8", "layers": [0, 2]},   so the page labels each table without vLLM's rule (here
+          {"kind": "full", "layers": [1, 3]}]},      [8, null, 8, null]); absent for one group, and in older traces
       "requests": {                  every request a step names (children and beams too), and every id of the
                                      prompts given that is no group of children
         "5": {"group": "5",          the user request it belongs to (itself unless n > 1 or a beam)
@@ -28,7 +31,8 @@ and `validate` refuse anything else, naming the first bad field. Version 1, ever
               "first_step": 1, "last_step": 19,  first and last step naming it (null: none does)
               "finish_reason": "length"}},       "stop" | "length" | "abort", null while unfinished
       "hashes": ["3fa9c1d2e4b0"],    short names (12 hex digits) of the block hashes cached in any step,
-                                     first seen first; pool.hash indexes this list
+                                     first seen first; pool.hash indexes this list (a hybrid model's
+                                     also say the group: "1:3fa9c1d2e4b0", group 1's block of those tokens)
       "steps": [step, ...],          the recorded steps, oldest first (the ring keeps the last max_trace_steps)
       "recording": {...}             the run as data for a replay (engine/replay.py), or null (or absent)
     }
@@ -93,12 +97,25 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
         "version": TRACE_VERSION,
         "stage": config.stage,
         "stage_name": config.stage_name,
-        "config": config_fields(config),
+        "config": _config(config),
         "requests": _requests(trace, prompts or {}, texts or {}, engine.tokenizer),
         "hashes": [_short_hash(h) for h in hashes],
         "steps": steps,
         "recording": recording_of(engine),
     }
+
+
+def _config(config) -> dict:
+    """The settings that shape a drawing; a hybrid model's also name its KV cache groups (the page's labels)."""
+    fields = config_fields(config)
+    if len(set(config.layer_windows)) > 1:
+        fields["kv_cache_groups"] = group_labels(config.layer_windows)
+    return fields
+
+
+def group_labels(layer_windows) -> list[dict]:
+    """Each KV cache group's kind and layers, in table order: [{"kind": "full", "layers": [1, 3]}, ...]."""
+    return [{"kind": g.kind, "layers": list(g.layers)} for g in kv_cache_groups(layer_windows)]
 
 
 def _step(t, events: list[dict], hashes: dict) -> dict:
@@ -127,7 +144,12 @@ def _pool(t, hashes: dict) -> dict:
 
 
 def _short_hash(block_hash) -> str:
-    """12 hex digits: enough to tell the hashes of one run apart."""
+    """12 hex digits: enough to tell the hashes of one run apart. A hybrid model's blocks are cached under
+    (group, hash) (kv/hybrid.py, vLLM's BlockHashWithGroupId): "1:" and the hash's digits, the same tokens' in
+    every group (hash() of the pair would differ between two Pythons, and the lab's trace must not)."""
+    if isinstance(block_hash, tuple):
+        group, tokens_hash = block_hash
+        return f"{group}:{_short_hash(tokens_hash)}"
     if isinstance(block_hash, bytes):
         return block_hash[:6].hex()
     return format(hash(block_hash) & 0xFFFF_FFFF_FFFF, "012x")  # hash_algo="builtin": an int
@@ -253,6 +275,11 @@ def validate(trace) -> None:
         _expect(w, INT + NONE, f"config.layer_windows[{i}]")
         if w is not None and w < 1:
             raise ValueError(f"config.layer_windows[{i}]: a window is >= 1 token, got {w}")
+    if "kv_cache_groups" in config:  # the labels must be the groups of layer_windows, in their order
+        expected = group_labels(windows) if trace_groups(config) > 1 else None
+        if config["kv_cache_groups"] != expected:
+            want = "none: the layers are all alike" if expected is None else f"{expected}, from config.layer_windows"
+            raise ValueError(f"config.kv_cache_groups: expected {want}, got {config['kv_cache_groups']!r:.80}")
     for rid, request in trace["requests"].items():
         _expect(request, (dict,), f"requests[{rid!r}]")
         for key, kinds in REQUEST_TYPES.items():
