@@ -189,3 +189,26 @@ def test_stage_6_triton_kernels_equal_transformers_on_a_hybrid_model(folders):
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert got == [w[:8] for w in want] and llm.engine.kv_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("family", ["window", "hybrid"])
+def test_no_event_names_the_null_block_and_a_hybrid_hit_names_every_groups_blocks(family):
+    """The null block (0) is never allocated, freed, hit or shared: a step's events leave it out, for a sliding
+    window's tables as for a hybrid model's (it once showed up as "freed 0,0,0,0,..."); a prefix-cache hit of a
+    hybrid request names its hit blocks in every group."""
+    from pagedlab.engine.replay import ReplayEngine
+    from pagedlab.lessons.differential import workload
+    from pagedlab.viz.trace import to_trace
+
+    hybrid_hits = 0
+    for seed in range(6):
+        trace = to_trace(ReplayEngine(workload(family, seed)).run())
+        for step in trace["steps"]:
+            for event in step["events"]:
+                assert 0 not in event["blocks"], (seed, step["step"], event)
+                if event["kind"] == "hit" and family == "hybrid":
+                    groups = step["tables"][event["request"]]
+                    in_groups = [g for g in groups if set(event["blocks"]) & set(g)]
+                    hybrid_hits += 1
+                    assert len(in_groups) == len(groups), event  # every group served part of the hit
+    assert family == "window" or hybrid_hits > 0

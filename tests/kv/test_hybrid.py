@@ -136,3 +136,20 @@ def test_the_invariant_check_sees_a_block_held_twice_across_groups():
 def test_one_group_is_not_a_hybrid():
     with pytest.raises(ValueError, match="kv_cache_groups"):
         HybridKVCacheManager(PagedKVCacheManager, [KVCacheGroup(None, (0, 1), 2)], 16, 4, 64)
+
+
+def test_a_deep_copy_is_a_whole_second_manager():
+    """The notebooks' lookahead copies a scheduler with its KV manager: the groups' views copy with the pool they
+    share (their forwarding once sent copy looking for __deepcopy__ into endless recursion)."""
+    import copy
+
+    kv = HybridKVCacheManager(SwappingKVCacheManager, GROUPS, 16, 4, 64, num_swap_blocks=4)
+    a = req("a", 16)
+    feed(kv, a, 10)
+    twin = copy.deepcopy(kv)
+    assert twin.get_block_ids(a) == kv.get_block_ids(a) and twin.pool is not kv.pool
+    assert all(m.pool.shared is twin.pool for m in twin.managers)
+    feed(twin, a, 6)
+    assert kv.pool.num_free == 9 and twin.pool.num_free == 7
+    twin.check_invariants()
+    kv.check_invariants()

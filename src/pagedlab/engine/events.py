@@ -29,7 +29,7 @@ facts as SchedulerOutput (vllm/v1/core/sched/output.py) and its KV events
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagedlab.engine.stats import StepTrace
 from pagedlab.sched.policies import POLICIES
@@ -86,10 +86,11 @@ def step_events(trace: Sequence[StepTrace], index: int, config) -> list[StepEven
 
     `config` is the engine's EngineConfig (block_size, max_num_seqs, the policies) for the whys.
     """
-    now = trace[index]
-    before = trace[index - 1] if index > 0 else StepTrace(step=0, time=0.0, scheduled={}, waiting=[], running=[])
+    null = null_block_id(config)
+    now = _real(trace[index], null)
+    before = _real(trace[index - 1], null) if index > 0 else StepTrace(0, 0.0, {}, [], [])
     events = _preemptions(before, now, config)
-    events += _admissions(before, now, config)
+    events += _admissions(before, now, config, trace[index], null)
     events += _growth(before, now)
     events += _finishes(now, config)
     if now.prefills and len(now.prefills) < len(now.scheduled):
@@ -133,7 +134,9 @@ def _preemptions(before: StepTrace, now: StepTrace, config) -> list[StepEvent]:
     return events
 
 
-def _admissions(before: StepTrace, now: StepTrace, config) -> list[StepEvent]:
+def _admissions(before: StepTrace, now: StepTrace, config, raw: StepTrace, null: int | None) -> list[StepEvent]:
+    """`raw`: the step as recorded (`now` without the null block's entries), whose tables say which entries the
+    prefix cache served: the first num_hit of every group's table."""
     events = []
     newly = [rid for rid in now.running if rid not in before.running]
     seats_freed = [rid for rid in before.finished if rid not in now.running]
@@ -151,11 +154,14 @@ def _admissions(before: StepTrace, now: StepTrace, config) -> list[StepEvent]:
         num_hit = 0 if back or shared else computed // config.block_size
         if shared:
             events.append(StepEvent("fork", rid, tuple(b for b in as_forked if b in shared), detail=FORKED))
+        groups = raw.group_tables.get(rid) or [raw.block_tables.get(rid, [])]  # a hybrid model: a table per group
         if num_hit:
-            events.append(StepEvent("hit", rid, tuple(table[:num_hit]), detail=f"{computed} tokens not recomputed"))
+            hits = tuple(b for g in groups for b in g[:num_hit] if b != null)  # a window's first hits: the null block
+            events.append(StepEvent("hit", rid, hits, detail=f"{computed} tokens not recomputed"))
         if back:
             events.append(StepEvent("swap_in", rid, back, detail=f"{computed} tokens kept"))
-        fresh = tuple(b for b in table[num_hit:] if b not in swapped_in and b not in shared)
+        rest = [b for g in groups for b in g[num_hit:] if b != null]
+        fresh = tuple(b for b in rest if b not in swapped_in and b not in shared)
         if fresh:
             events.append(StepEvent("allocate", rid, fresh))
     return events
@@ -213,6 +219,21 @@ def _finishes(now: StepTrace, config) -> list[StepEvent]:
 
 
 FORKED = "no copy yet: a shared block is copied only when written"
+
+
+def null_block_id(config) -> int | None:
+    """Block 0 is the null block where a sliding window (or a hybrid model's groups) takes it, else None: it is
+    never allocated, freed, hit or shared, so no event names it."""
+    windows = getattr(config, "layer_windows", ())
+    return 0 if getattr(config, "sliding_window", 0) or len(set(windows)) > 1 else None
+
+
+def _real(trace: StepTrace, null: int | None) -> StepTrace:
+    """The step with the null block's entries left out of every table (a hybrid model's: every group's, flat)."""
+    if null is None:
+        return trace
+    tables = {rid: [b for b in table if b != null] for rid, table in trace.block_tables.items()}
+    return replace(trace, block_tables=tables)
 
 
 def _as_forked(rid: str, table: list[int], now: StepTrace) -> list[int]:

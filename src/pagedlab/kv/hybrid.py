@@ -53,6 +53,8 @@ class GroupIndex:
         return self.index.insert(block, (self.group, block_hash), None if parent is None else (self.group, parent))
 
     def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy and pickle look for these before the instance has its fields
+            raise AttributeError(name)
         return getattr(self.index, name)  # evict, reset, blocks, len: the shared index's
 
 
@@ -65,6 +67,8 @@ class GroupPool:
             self.index = GroupIndex(pool.index, group)
 
     def __getattr__(self, name: str):
+        if name.startswith("__"):  # (as GroupIndex's)
+            raise AttributeError(name)
         return getattr(self.shared, name)  # allocate, free, touch, num_free, take_null_block, ...
 
 
