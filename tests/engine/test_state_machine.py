@@ -101,21 +101,22 @@ def assert_prefix_of_oracle(got: list[int], expected: oracle.OracleOutput, label
 
 def _build_rule(stages: tuple[int, ...], hybrid: bool = False):
     """The machine's first rule: an engine at one of `stages`, with a tiny pool (hybrid: the bundled model with
-    HYBRID_WINDOWS, its pool as large again: each of its two groups holds a table per request)."""
+    HYBRID_WINDOWS, whose two groups each hold a table per request in that same pool: tighter still, though the
+    sliding group frees behind its window)."""
 
     @initialize(
         stage=st.sampled_from(stages),
         block_size=st.sampled_from([1, 2, 3, 4]),
-        pool=st.sampled_from([1.0, 1.5, 2.0]),  # the pool holds this many requests of max_model_len tokens
+        pool=st.sampled_from([1.0, 1.0, 1.5, 2.0]),  # the pool holds this many requests of max_model_len tokens
         max_num_seqs=st.integers(2, 4),
         budget=st.sampled_from([16, 64]),
-        threshold=st.sampled_from([0, 1, 3]),  # 1: one-token chunks put a fork in many different steps
+        threshold=st.sampled_from([0, 1, 1, 3]),  # 1: one-token chunks put a fork in many different steps
         swap=st.booleans(),
         priority=st.booleans(),
         caching=st.booleans(),
     )
     def build(self, stage, block_size, pool, max_num_seqs, budget, threshold, swap, priority, caching):
-        num_kv_blocks = math.ceil(pool * MAX_MODEL_LEN / block_size) * (2 if hybrid else 1) + hybrid
+        num_kv_blocks = math.ceil(pool * MAX_MODEL_LEN / block_size) + hybrid  # (a hybrid pool: and its null block)
         args = {"block_size": block_size, "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": num_kv_blocks}
         args |= {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget, "debug_checks": True}
         if stage >= 4:
@@ -150,7 +151,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.ended: dict[str, object] = {}  # request id -> its final RequestOutput or BeamSearchOutput
         self.aborted: set[str] = set()
 
-    build = _build_rule((2, 3, 4, 5, 5, 5))  # stage 5 thrice as often: preemption, chunks, swaps, priorities
+    build = _build_rule((2, 3, 4, 5, 5, 5, 5, 5))  # stage 5 most often: preemption, chunks, swaps, priorities
 
     @rule(
         prompt=st.sampled_from(PROMPTS),
@@ -270,7 +271,10 @@ SETTINGS = settings(
 @pytest.mark.slow
 def test_random_programs_at_stages_2_to_5():
     REACHED["fork preempted in its step"] = 0
-    run_state_machine_as_test(EngineMachine, settings=SETTINGS)
+    # The corner's count varies from run to run (2 to 14 in 200 programs, with random seeds: the tokens decide
+    # when requests stop, and with them every later schedule), and once came out 0 in a full CI run: 300 programs,
+    # most at stage 5 on tight pools, keep it well above 0 on any machine.
+    run_state_machine_as_test(EngineMachine, settings=settings(SETTINGS, max_examples=300))
     assert REACHED["fork preempted in its step"] > 0, "no program forked a request and preempted it in one step"
 
 
@@ -279,7 +283,7 @@ def test_random_programs_at_stages_2_to_5():
 def test_random_programs_on_a_hybrid_model():
     """Fewer programs than above (the kinds of program are the same; only the KV cache's groups are new)."""
     REACHED["hybrid preemptions"] = REACHED["hybrid hits"] = 0
-    run_state_machine_as_test(HybridEngineMachine, settings=settings(SETTINGS, max_examples=100))
+    run_state_machine_as_test(HybridEngineMachine, settings=settings(SETTINGS, max_examples=150))
     assert REACHED["hybrid preemptions"] > 0 and REACHED["hybrid hits"] > 0, REACHED
 
 
