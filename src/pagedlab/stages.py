@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 
 from pagedlab.attention.backends import BACKENDS
-from pagedlab.config import DTYPES, EngineConfig, kv_bytes_per_token
+from pagedlab.config import DTYPES, KV_MEMORY_BUDGET_BYTES, EngineConfig, kv_bytes_per_token
 from pagedlab.kv.block_pool import FreeKVCacheBlockQueue
 from pagedlab.kv.cache_groups import kv_cache_groups
 from pagedlab.kv.contiguous import ContiguousKVCacheManager
@@ -233,6 +233,12 @@ def config_for_model(stage: int | str, model_config, **overrides) -> EngineConfi
         return cfg
     windows = model_config.layer_windows
     if len(set(windows)) > 1:  # layers of different kinds: one KV cache group per kind (kv/cache_groups.py)
+        if not overrides.get("num_kv_blocks") and not overrides.get("kv_cache_memory"):
+            # the default pool holds max_num_seqs tables of max_model_len; here every request has a table per
+            # group, and block 0 is the null block (within the same memory budget as any default pool)
+            groups = len(kv_cache_groups(windows))
+            budget = max(cfg.num_kv_blocks, KV_MEMORY_BUDGET_BYTES // max(1, per_token * cfg.block_size))
+            cfg = replace(cfg, num_kv_blocks=min(cfg.num_kv_blocks * groups + 1, budget))
         return replace(cfg, layer_windows=tuple(windows))
     return replace(cfg, sliding_window=model_config.kv_window or 0)
 

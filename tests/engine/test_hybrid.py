@@ -212,3 +212,25 @@ def test_no_event_names_the_null_block_and_a_hybrid_hit_names_every_groups_block
                     hybrid_hits += 1
                     assert len(in_groups) == len(groups), event  # every group served part of the hit
     assert family == "window" or hybrid_hits > 0
+
+
+def test_the_default_pool_holds_a_table_per_group_for_every_seat(folders):
+    """Without num_kv_blocks the pool holds max_num_seqs requests of max_model_len: for a hybrid model, in every
+    group, and the null block (a pool made for one table refused a full-length request at the door)."""
+    folder, _ = folders["qwen2-hybrid"]
+    llm = LLM(str(folder), stage=5, block_size=4, max_model_len=64, max_num_seqs=1)
+    assert llm.engine.config.num_kv_blocks == 2 * 16 + 1
+    params = SamplingParams(max_tokens=64 - 20, temperature=0, ignore_eos=True)
+    (out,) = llm.generate([list(range(3, 23))], params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 44
+
+
+def test_a_drawing_or_the_chat_reads_the_full_groups_table(folders):
+    """viz/graphs.py's live tables and the chat tell one row per request: a hybrid model's full-attention table."""
+    from pagedlab.kv.hybrid import one_table
+    from pagedlab.viz.graphs import short_hash
+
+    folder, _ = folders["qwen2-hybrid"]
+    kv = LLM(str(folder), stage=5, block_size=4, max_model_len=96).engine.kv_manager
+    assert one_table(kv, ([0, 0, 5], [1, 2, 3])) == [1, 2, 3] and one_table(kv, [4, 5]) == [4, 5]
+    assert short_hash((1, b"\xab\xcd\xef\x01\x23")) == "1:abcdef01"

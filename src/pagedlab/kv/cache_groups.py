@@ -9,18 +9,18 @@ reads every block, so one block table cannot serve both: vLLM v1 keeps one table
 layers of one kind, and every group allocates from one shared pool. Its rule
 (vllm/v1/core/kv_cache_planning.py, _get_kv_cache_groups_uniform_page_size), for layers of one page size:
 
-    1. bucket the layers by kind, in the order the kinds first appear:   full (1, 3)   sliding-8 (0, 2, 4, 5)
+    1. bucket the layers by kind, in the order the kinds first appear:   sliding-8 (0, 2, 4, 5)   full (1, 3)
     2. group_size = the fewest layers of a kind (the "1" of an n:1 pattern), or the most, when the most is
        under 1.5 x the fewest (12 sliding + 13 full: pad to 13 each rather than cut 13 into 12 + 1)
     3. cut each bucket into cdiv(len, group_size) groups, layer i going to group i % n (layers[i::n]), so that
        every group spans the model's depth; a short group is padded (its padding slots hold no layer, yet a
        block of any group is group_size layers' K/V: padding is memory held for nothing)
 
-       full (1, 3)   sliding-8 (0, 4)   sliding-8 (2, 5)        group_size 2: three tables per request
+       sliding-8 (0, 4)   sliding-8 (2, 5)   full (1, 3)        group_size 2: three tables per request
 
 A block of the pool holds group_size layers' K/V for one group at a time; which group owns a block is the block
-table's business, not the pool's. pagedlab's engine keeps a single table today (every layer full, or every layer
-sliding): `kv_cache_groups` is the plan a hybrid engine follows, and what the chapter's numbers are drawn from.
+table's business, not the pool's. kv/hybrid.py keeps one table per group in this order (stages.make_kv_manager
+builds it when a model's layers differ), and the runner gives each layer its own group's table.
 """
 
 from __future__ import annotations

@@ -115,6 +115,14 @@ class CowKVCacheManager(PagedKVCacheManager):
             total += shared + sum(self.max_blocks(r) - shared for r in members)
         return total
 
+    def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """As stage 2's, plus the private copy allocate_slots makes when the block receiving the first new token
+        is shared."""
+        table = self.req_to_blocks.get(request.request_id, ())
+        first = request.num_computed_tokens // self.block_size
+        copy = first < len(table) and table[first].ref_cnt > 1
+        return super().blocks_needed(request, num_new_tokens) + copy
+
     def take_block_copies(self) -> list[BlockCopy]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

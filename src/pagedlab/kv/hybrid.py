@@ -127,18 +127,19 @@ class HybridKVCacheManager:
         self.groups = tuple(groups)
         self.block_size, self.num_kv_blocks, self.max_model_len = block_size, num_kv_blocks, max_model_len
         self.prefix_cache_queries = self.prefix_cache_hits = 0
-        self.managers = []
         extra = {"num_swap_blocks": num_swap_blocks} if hasattr(manager_cls, "swap_out") else {}
-        for g, group in enumerate(self.groups):
-            pool = None if g == 0 else GroupPool(self.pool, g)
-            m = manager_cls(num_kv_blocks, block_size, max_model_len, sliding_window=group.window or 0, pool=pool,
+        # Group 0's manager builds the pool as the stage builds it (a caching pool, its eviction order), then hands it
+        # to all: block 0 becomes the null block, as vLLM's pool always has it, and each group sees the pool through a
+        # GroupPool (the same blocks and free queue, its own keys in the prefix index).
+        first = manager_cls(num_kv_blocks, block_size, max_model_len, sliding_window=self.groups[0].window or 0,
                             **extra, **parts)  # fmt: skip
-            if g == 0:
-                self.pool = m.pool  # the shared pool; block 0 is the null block, as vLLM's pool always has it
-                self.pool.take_null_block()
-                m.pool = GroupPool(self.pool, 0)
-                m.window.pool = self.pool
-            self.managers.append(m)
+        self.pool = first.pool
+        self.pool.take_null_block()
+        first.pool = GroupPool(self.pool, 0)
+        self.managers = [first]
+        for g, group in enumerate(self.groups[1:], start=1):
+            self.managers.append(manager_cls(num_kv_blocks, block_size, max_model_len, sliding_window=group.window or 0,
+                                             pool=GroupPool(self.pool, g), **extra, **parts))  # fmt: skip
         self.enable_caching = getattr(self.managers[0], "enable_caching", False)
         if extra:
             self.shared_swap = SwapPool(num_swap_blocks)
@@ -174,22 +175,13 @@ class HybridKVCacheManager:
             table = m.req_to_blocks.get(rid)
             if table:
                 m.window.free_skipped(table, request.num_computed_tokens)
-        needed = sum(self._blocks_needed(m, request, num_new_tokens) for m in self.managers)
+        needed = sum(m.blocks_needed(request, num_new_tokens) for m in self.managers)
         if needed > self.pool.num_free:
             return None
         new = tuple(m.allocate_slots(request, num_new_tokens) for m in self.managers)
         if any(ids is None for ids in new):
             raise InvariantError(f"{rid}: a group found no room although every group's blocks were counted")
         return new if any(new) else ()
-
-    def _blocks_needed(self, m, request: Request, num_new_tokens: int) -> int:
-        """Free blocks one group's allocate_slots takes: the blocks it appends, and one more for a copy-on-write."""
-        table = m.req_to_blocks.get(request.request_id, ())
-        needed = max(cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(table), 0)
-        first = request.num_computed_tokens // self.block_size
-        if first < len(table) and table[first].ref_cnt > 1:
-            needed += 1
-        return needed
 
     def free(self, request: Request) -> None:
         for m in self.managers:
@@ -354,16 +346,19 @@ class HybridKVCacheManager:
         return self.pool.usage
 
     def check_invariants(self) -> None:
-        """The pool's; each block's ref_cnt equals the tables holding it in every group; the null block unheld; the
-        CPU blocks each held once."""
+        """The pool's; each block is in one group's tables at a time, and its ref_cnt equals the tables holding it;
+        the null block unheld; the CPU blocks each held once."""
         self.pool.check_invariants()
         holders: dict[int, int] = {}
-        for m in self.managers:
+        owner: dict[int, int] = {}  # block id -> the group whose tables hold it
+        for g, m in enumerate(self.managers):
             m.window.check_invariants()
             for blocks in m.req_to_blocks.values():
                 for b in blocks:
                     if b is not self.pool.null_block:
                         holders[b.block_id] = holders.get(b.block_id, 0) + 1
+                        if owner.setdefault(b.block_id, g) != g:
+                            raise InvariantError(f"{b} is in the tables of groups {owner[b.block_id]} and {g}")
         for b in self.pool.blocks:
             if b is not self.pool.null_block and b.ref_cnt != holders.get(b.block_id, 0):
                 raise InvariantError(f"{b} is held by {holders.get(b.block_id, 0)} tables of all groups")
@@ -372,3 +367,13 @@ class HybridKVCacheManager:
             free = self.shared_swap.free_ids
             check(len(held) == len(set(held)) and not set(held) & set(free), "a CPU block is held twice")
             check(len(held) + len(free) == self.shared_swap.num_blocks, "a CPU block leaked")
+
+
+def one_table(kv_manager, block_ids) -> list[int]:
+    """A request's table to draw or tell as one row: a plain manager's as it is; a hybrid model's, the table of its
+    first full-attention group (the group that keeps every block, where a prefix hit reads as the blocks it names)."""
+    if not isinstance(block_ids, tuple):
+        return block_ids
+    groups = kv_manager.groups
+    full = next((g for g, group in enumerate(groups) if group.window is None), 0)
+    return block_ids[full]

@@ -89,6 +89,12 @@ class PagedKVCacheManager:
         """The block standing for entries a sliding window dropped (None without a window)."""
         return self.window.null_block
 
+    def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        """Free blocks allocate_slots(request, num_new_tokens) takes, counted without taking them (a hybrid model's
+        coordinator adds up its groups': kv/hybrid.py); a window's blocks behind it are freed first."""
+        table = self.req_to_blocks.get(request.request_id, ())
+        return max(cdiv(request.num_computed_tokens + num_new_tokens, self.block_size) - len(table), 0)
+
     def take_block_copies(self) -> list:
         return []  # nothing is shared before stage 3
 

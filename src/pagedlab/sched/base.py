@@ -100,8 +100,9 @@ class Scheduler:
     def _send_table(self, request: Request, out: SchedulerOutput) -> None:
         """A table made outside allocate_slots (prefix-cache hits at admission, a swap-in, a fork) goes to the
         runner whole; an empty one needs no message (the runner starts a request it does not know empty)."""
-        block_ids = self.kv.get_block_ids(request)
-        if block_ids and not request.status.is_finished():
+        block_ids = self.kv.get_block_ids(request)  # (a hybrid model's: one list per group, kv/hybrid.py)
+        has_blocks = any(block_ids) if isinstance(block_ids, tuple) else bool(block_ids)
+        if has_blocks and not request.status.is_finished():
             out.new_block_tables[request.request_id] = block_ids
 
     def _record(self, request: Request, num_new: int, new_blocks: list[int], out: SchedulerOutput) -> None:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 
 from pagedlab.engine.events import block_list
+from pagedlab.kv.hybrid import one_table
 from pagedlab.llm import LLM
 from pagedlab.sampling_params import SamplingParams
 
@@ -93,10 +94,12 @@ class ChatSession:
         """The request's block table after this step. With record_trace, the step's trace has it even for the
         step the request finishes in (taken before its blocks are freed); else the live request's, if any."""
         engine = self.llm.engine
-        if engine.trace:
-            return list(engine.trace[-1].block_tables.get(request_id, last_seen))
+        if engine.trace:  # (a hybrid model's: one table per group; its full-attention layers' is told)
+            step = engine.trace[-1]
+            tables = step.group_tables or step.block_tables
+            return list(one_table(engine.kv_manager, tables[request_id])) if request_id in tables else last_seen
         group = engine.scheduler.requests.live.get(request_id)
-        return engine.kv_manager.get_block_ids(group[0]) if group else last_seen
+        return one_table(engine.kv_manager, engine.kv_manager.get_block_ids(group[0])) if group else last_seen
 
     def _reused(self, blocks: list[int], num_cached_tokens: int) -> dict[int, int]:
         """Each prefix-cache hit block -> the first earlier turn (1-based) whose request held it."""

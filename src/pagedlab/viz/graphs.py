@@ -29,6 +29,7 @@ from pathlib import Path
 
 import graphviz
 
+from pagedlab.kv.hybrid import one_table
 from pagedlab.viz import CACHED, FREE, SHARED, USED, request_colour
 from pagedlab.viz.graph_plot import GraphModel, plot_graph
 
@@ -198,17 +199,23 @@ def _beam_blocks(block_tables, token_ids, block_size, decode):
 
 
 def live_tables(engine) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-    """(block tables, token ids) of the engine's running requests, for the two drawings above."""
+    """(block tables, token ids) of the engine's running requests, for the two drawings above (a hybrid model's:
+    the table its full-attention layers keep, kv/hybrid.py's one_table)."""
     kv = engine.kv_manager
     running = engine.scheduler.running
-    return {r.request_id: kv.get_block_ids(r) for r in running}, {r.request_id: r.all_token_ids for r in running}
+    tables = {r.request_id: one_table(kv, kv.get_block_ids(r)) for r in running}
+    return tables, {r.request_id: r.all_token_ids for r in running}
 
 
 # --- stage 4: the prefix cache as a tree of chained hashes ----------------------------------------------------------
 
 
 def short_hash(block_hash) -> str:
-    """The first 8 hex digits of a block hash (SHA-256 bytes, or the int of hash_algo="builtin")."""
+    """The first 8 hex digits of a block hash (SHA-256 bytes, or the int of hash_algo="builtin"); a hybrid model's
+    (group, hash) key (kv/hybrid.py) as "group:digits"."""
+    if isinstance(block_hash, tuple):
+        group, tokens_hash = block_hash
+        return f"{group}:{short_hash(tokens_hash)}"
     if isinstance(block_hash, bytes):
         return block_hash.hex()[:8]
     return f"{block_hash & 0xFFFF_FFFF_FFFF_FFFF:016x}"[:8]
