@@ -12,44 +12,22 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from pagedlab import LLM, SamplingParams, load_model, oracle
 from pagedlab.kv.cache_groups import KVCacheGroup
 from pagedlab.kv.hybrid import HybridKVCacheManager
 from tests.conftest import need_triton
+from tests.engine.test_sliding_window import MAX_TOKENS, PROMPTS, WINDOW, run
 from tests.equivalence import assert_matches_oracle
-from tests.model.hf_models import save_hf_model
+from tests.model.hf_models import greedy_folders
 
 pytestmark = pytest.mark.stage5
-
-WINDOW = 8
-PROMPTS = [list(range(3, 23)), list(range(5, 40)), [7, 8, 9]]  # longer and shorter than the window
-MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """kind -> (folder, transformers' greedy tokens for PROMPTS)."""
-    out = {}
-    for kind in ("qwen2-hybrid", "qwen2-mixed"):
-        folder = tmp_path_factory.mktemp(kind)
-        hf = save_hf_model(kind, folder)
-        with torch.no_grad():
-            want = [
-                hf.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[
-                    0, len(p) :
-                ].tolist()
-                for p in PROMPTS
-            ]
-        out[kind] = (folder, want)
-    return out
-
-
-def run(folder, prompts=PROMPTS, **engine):
-    llm = LLM(str(folder), max_model_len=96, debug_checks=True, **engine)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-    return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    return greedy_folders(tmp_path_factory, ("qwen2-hybrid", "qwen2-mixed"), PROMPTS, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("kind", ["qwen2-hybrid", "qwen2-mixed"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,7 +17,7 @@ from pagedlab.kv.swap import SwappingKVCacheManager
 from pagedlab.model.config import ModelConfig
 from pagedlab.request import Request
 from tests.conftest import need_triton
-from tests.model.hf_models import save_hf_model
+from tests.model.hf_models import greedy_folders
 
 WINDOW = 8
 PROMPTS = [list(range(3, 23)), list(range(5, 40)), [7, 8, 9]]  # longer and shorter than the window
@@ -28,25 +27,13 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """kind -> (folder, transformers' greedy tokens for PROMPTS)."""
-    out = {}
-    for kind in ("mistral", "qwen2-window", "qwen2-mixed"):
-        folder = tmp_path_factory.mktemp(kind)
-        hf = save_hf_model(kind, folder)
-        with torch.no_grad():
-            want = [
-                hf.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=None)[
-                    0, len(p) :
-                ].tolist()
-                for p in PROMPTS
-            ]
-        out[kind] = (folder, want)
-    return out
+    return greedy_folders(tmp_path_factory, ("mistral", "qwen2-window", "qwen2-mixed"), PROMPTS, MAX_TOKENS)
 
 
-def run(folder, **engine):
+def run(folder, prompts=PROMPTS, **engine):
     llm = LLM(str(folder), max_model_len=96, debug_checks=True, **engine)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
-    return llm, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def test_the_configs_say_which_layers_slide(folders):

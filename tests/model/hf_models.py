@@ -87,3 +87,20 @@ def save_hf_model(kind: str, folder: Path, seed: int = 0, **save_kwargs):
     model = build_hf_model(kind, seed)
     model.save_pretrained(folder, safe_serialization=True, **save_kwargs)
     return model
+
+
+def greedy_folders(tmp_path_factory, kinds, prompts: list[list[int]], max_new_tokens: int) -> dict:
+    """kind -> (a saved tiny model's folder, transformers' greedy tokens for each prompt, EOS ignored)."""
+    out = {}
+    for kind in kinds:
+        folder = tmp_path_factory.mktemp(kind)
+        hf = save_hf_model(kind, folder)
+        with torch.no_grad():
+            want = [
+                hf.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None)[
+                    0, len(p) :
+                ].tolist()
+                for p in prompts
+            ]
+        out[kind] = (folder, want)
+    return out

@@ -68,32 +68,27 @@ def request_lengths(n: int = NUM_REQUESTS, seed: int = SEED) -> list[tuple[int, 
 def peak_blocks(window: int | None, prompt: int, output: int, block_size: int = BLOCK_SIZE) -> int:
     """The most blocks one layer kind holds for a request over its life, as the real manager allocates and frees."""
     total = prompt + output
-    kv = PagedKVCacheManager(total // block_size + 2, block_size, total, window or 0)
-    request = Request("r", [0] * prompt, SamplingParams(max_tokens=output), output, ())
-    peak = 0
-    while request.num_computed_tokens < total - 1:  # the last sampled token is never fed back
-        left = prompt - request.num_computed_tokens
-        new = min(CHUNK, left) if left > 0 else 1
-        if kv.allocate_slots(request, new) is None:
-            raise AssertionError("the pool was sized for the whole request")
-        peak = max(peak, kv.num_used_blocks)
-        request.num_computed_tokens += new
-    return peak
+    return _peak(PagedKVCacheManager(total // block_size + 2, block_size, total, window or 0), prompt, output)
 
 
 def hybrid_peak_blocks(groups: list[KVCacheGroup], prompt: int, output: int, block_size: int = BLOCK_SIZE) -> int:
     """The most blocks a request holds over its life in every group's table together, as the coordinator
     (kv/hybrid.py) allocates them from one pool and each windowed group frees behind its window."""
     total = prompt + output
-    kv = HybridKVCacheManager(PagedKVCacheManager, groups, len(groups) * (total // block_size + 2) + 1, block_size,
-                              total)  # fmt: skip
+    pool = len(groups) * (total // block_size + 2) + 1  # every group's whole table, and the null block
+    return _peak(HybridKVCacheManager(PagedKVCacheManager, groups, pool, block_size, total), prompt, output)
+
+
+def _peak(kv, prompt: int, output: int) -> int:
+    """Feed one request through `kv` (its prompt in chunks of CHUNK, then a token a step) and return the most blocks
+    in use at once; `kv`'s pool is sized for the whole request."""
     request = Request("r", [0] * prompt, SamplingParams(max_tokens=output), output, ())
     peak = 0
-    while request.num_computed_tokens < total - 1:
+    while request.num_computed_tokens < prompt + output - 1:  # the last sampled token is never fed back
         left = prompt - request.num_computed_tokens
         new = min(CHUNK, left) if left > 0 else 1
         if kv.allocate_slots(request, new) is None:
-            raise AssertionError("the pool was sized for the whole request in every group")
+            raise AssertionError("the pool was sized for the whole request")
         peak = max(peak, kv.num_used_blocks)
         request.num_computed_tokens += new
     return peak
