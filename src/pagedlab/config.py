@@ -52,6 +52,11 @@ class EngineConfig:
     # cache then keeps one block table per KV cache group (kv/hybrid.py); () = one group
     layer_windows: tuple = ()
 
+    @property
+    def hybrid(self) -> bool:
+        """Layers of more than one kind: the KV cache keeps a table per KV cache group (kv/hybrid.py)."""
+        return len(set(self.layer_windows)) > 1
+
     @classmethod
     def checked_overrides(cls, overrides: dict) -> dict:
         """The keyword settings a user gave, each a known field of its annotated type ("512MiB" -> bytes)."""

@@ -294,7 +294,7 @@ def make_attention(config, kv_cache, num_queries_per_kv: int, head_dim: int, win
 def make_kv_manager(config, preset: StagePreset):
     """The preset's KV manager for `config`, with the preset's parts (a prefix index and its eviction policy); for a
     hybrid model, that manager once per KV cache group under kv/hybrid.py's coordinator."""
-    if len(set(config.layer_windows)) > 1:
+    if config.hybrid:
         if config.stage < 2:
             raise ValueError(f"layer_windows: stage {config.stage} keeps no paged KV cache to split into groups")
         groups = kv_cache_groups(config.layer_windows)

@@ -224,8 +224,7 @@ FORKED = "no copy yet: a shared block is copied only when written"
 def null_block_id(config) -> int | None:
     """Block 0 is the null block where a sliding window (or a hybrid model's groups) takes it, else None: it is
     never allocated, freed, hit or shared, so no event names it."""
-    windows = getattr(config, "layer_windows", ())
-    return 0 if getattr(config, "sliding_window", 0) or len(set(windows)) > 1 else None
+    return 0 if config.sliding_window or config.hybrid else None
 
 
 def _real(trace: StepTrace, null: int | None) -> StepTrace:

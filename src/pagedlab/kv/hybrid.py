@@ -72,28 +72,14 @@ class GroupPool:
         return getattr(self.shared, name)  # allocate, free, touch, num_free, take_null_block, ...
 
 
-class GroupSwapPool:
-    """One group's CPU blocks, taken from the shared swap pool's free ids (the runner's one CPU cache)."""
+class GroupSwapPool(SwapPool):
+    """One group's CPU blocks: SwapPool's allocate and free over the shared pool's very list of free ids (the
+    runner's one CPU cache), each group holding its own. (Its own check_invariants would see only its share: the
+    coordinator checks them all together.)"""
 
     def __init__(self, shared: SwapPool):
-        self.shared = shared
+        self.num_blocks, self.free_ids = shared.num_blocks, shared.free_ids  # the same list, not a copy
         self.held: dict[str, list[int]] = {}  # request_id -> this group's CPU blocks, in table order
-
-    @property
-    def num_free(self) -> int:
-        return self.shared.num_free
-
-    def allocate(self, request_id: str, n: int) -> list[int]:
-        if n > self.num_free:
-            raise InvariantError(f"{request_id} asks for {n} CPU blocks, {self.num_free} free: check num_free first")
-        ids = [self.shared.free_ids.pop() for _ in range(n)]
-        self.held[request_id] = ids
-        return ids
-
-    def free(self, request_id: str) -> list[int]:
-        ids = self.held.pop(request_id, [])
-        self.shared.free_ids.extend(reversed(ids))
-        return ids
 
 
 class SwapView:

@@ -108,7 +108,7 @@ def to_trace(llm_or_engine, prompts: dict | None = None, texts: dict | None = No
 def _config(config) -> dict:
     """The settings that shape a drawing; a hybrid model's also name its KV cache groups (the page's labels)."""
     fields = config_fields(config)
-    if len(set(config.layer_windows)) > 1:
+    if config.hybrid:
         fields["kv_cache_groups"] = group_labels(config.layer_windows)
     return fields
 

@@ -61,7 +61,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         # a row per running request, as wide as the longest request's table; a hybrid model: a table per KV cache group
         rows, width = config.max_num_seqs, cdiv(config.max_model_len, config.block_size)
-        if len(set(config.layer_windows)) > 1:
+        if config.hybrid:
             groups = kv_cache_groups(config.layer_windows)
             self.block_tables = MultiGroupBlockTable(len(groups), rows, width)
             self.attention = PerGroupAttention(attention, groups)
