@@ -75,7 +75,13 @@ def _describe(expected, path: list) -> str:
         if isinstance(node, dict) and set(node) == {"floats", "tol"}:
             node = node["floats"]  # the numbers themselves
         entry = node[key]
-        if previous is None and isinstance(entry, list) and entry and isinstance(entry[0], str):
+        if (
+            previous is None
+            and isinstance(key, int)
+            and isinstance(entry, list)
+            and entry
+            and isinstance(entry[0], str)
+        ):
             words.append(f'op {key + 1} ("{entry[0]}")')
         elif previous == "steps":
             words.append(f"step {key}")

@@ -224,13 +224,21 @@ def _run_task(root, tmp, number, body: Body, expected: dict, seeds: dict, limits
     task = body.region.task_id
     tree = task_tree(root, tmp / f"task-{task}", number, task, body.lines)
     echo = not stage_scenarios(number)[task].builds_on  # no other task's reference in reach: its values may show
+    spec = {"stage": number, "task": task}
+    return run_cases(tree, spec, expected, seeds, limits, tmp / f"log-{task}.txt", echo)
+
+
+def run_cases(tree: Path, spec: dict, expected: dict, seeds: dict, limits: Limits, log: Path, echo=True) -> dict:
+    """Run the cases `expected` names ({case: the reference's observation}) in `tree`, in sandboxed children
+    (course/run_scenarios.py; `spec` says whose cases they are), a new child after one that died mid-case; {case:
+    None if its observation equals the reference's, else why not}."""
     got: dict[str, dict] = {}
     why: dict[str, str] = {}
     remaining = list(expected)
     while remaining and time.monotonic() < limits.deadline:
-        spec = {"stage": number, "task": task, "cases": remaining, "seeds": seeds, "timeout": limits.per_item}
-        run = sandbox.run(tree, "src/pagedlab/course/run_scenarios.py", json.dumps(spec).encode() + b"\n", child_env(),
-                          limits.deadline - time.monotonic(), tmp / f"log-{task}.txt", limits.forbidden,
+        asked = spec | {"cases": remaining, "seeds": seeds, "timeout": limits.per_item}
+        run = sandbox.run(tree, "src/pagedlab/course/run_scenarios.py", json.dumps(asked).encode() + b"\n",
+                          child_env(), limits.deadline - time.monotonic(), log, limits.forbidden,
                           item_limit=limits.per_item + 3)  # fmt: skip
         current = _parse(messages.scenario_messages(run.output, remaining, tree), got)
         if current is not None and current not in got:

@@ -5,6 +5,9 @@ Read with: course/sandbox.py, chapters/98-assignments.md (The boundary).
 
     python -I <tree>/src/pagedlab/course/run_scenarios.py FD      stdin: {"stage", "task", "cases", "seeds", "timeout"}
 
+Without "stage" and "task", each case names its own: "suite|task|case" (a stage number or "drills", a task of
+it, a case of that task), as a drill's grader asks for cases of many tasks in one child.
+
 It imports pagedlab from <tree>/src only (as a namespace, so pagedlab/__init__.py and torch load only where a
 case needs them), runs each case and writes one JSON line per case to FD:
 
@@ -43,8 +46,19 @@ def main() -> None:
     emit = lambda obj: out.write(json.dumps(obj, default=_plain) + "\n")  # noqa: E731
     from pagedlab.course.scenarios import run_case, stage_scenarios
 
-    scenarios = stage_scenarios(spec["stage"])[spec["task"]]
-    for module in scenarios.warm:  # torch's import is no case's time (the parent's wall clock still bounds it)
+    def resolve(name: str):  # (its task's scenarios, the case's own name)
+        if "stage" in spec:
+            return stage_scenarios(spec["stage"])[spec["task"]], name
+        suite, task, case = name.split("|")
+        return stage_scenarios(int(suite) if suite.isdigit() else suite)[task], case
+
+    warm = []
+    for name in spec["cases"]:
+        try:
+            warm += [m for m in resolve(name)[0].warm if m not in warm]
+        except Exception:
+            pass  # the case reports it
+    for module in warm:  # torch's import is no case's time (the parent's wall clock still bounds it)
         try:
             importlib.import_module(module)
         except Exception:
@@ -54,7 +68,8 @@ def main() -> None:
         emit({"start": name})
         signal.setitimer(signal.ITIMER_REAL, float(spec["timeout"]))
         try:
-            obs = run_case(scenarios, name, spec["seeds"].get(name))
+            scenarios, case = resolve(name)
+            obs = run_case(scenarios, case, spec["seeds"].get(name))
             signal.setitimer(signal.ITIMER_REAL, 0)
             line = json.dumps({"case": name, "obs": obs}, default=_plain)
         except BaseException as e:  # an interrupt, an exit, a timeout: no observation, the case fails

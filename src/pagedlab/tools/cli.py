@@ -17,6 +17,7 @@ import time
 
 from pagedlab.bench.cli import add_command as bench_command
 from pagedlab.course.cli import add_command as assignment_command
+from pagedlab.course.drill_cli import add_command as drill_command
 from pagedlab.serve.cli import add_command as serve_command
 from pagedlab.tools.demo_settings import DEMO_SETTINGS, add_demo_settings
 from pagedlab.tools.lab import add_command as lab_command
@@ -259,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     figs.set_defaults(func=_cmd_figures)
 
     assignment_command(sub)
+    drill_command(sub)
     serve_command(sub)
     tiny = sub.add_parser("train-tiny", help="retrain the bundled tiny-shakespeare model (a few minutes on CPU)")
     tiny.add_argument("--out", default=None, help="output folder (default: overwrite the bundled model)")

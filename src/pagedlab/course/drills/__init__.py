@@ -27,7 +27,8 @@ class Fault:
 
 
 def faults(stage: int) -> list[Fault]:
-    """The drills' faults planted in stage `stage`'s code (the mutation grader adds them to its mutants)."""
+    """The drills' faults planted in stage `stage`'s code: the stage of the task the drill's grader aims at (the
+    mutation grader adds them to its mutants)."""
     from pagedlab.course.drills.catalog import DRILLS
 
-    return [d.fault for d in DRILLS if d.stage == stage]
+    return [d.fault for d in DRILLS if d.fault_stage == stage]

@@ -45,9 +45,11 @@ class TaskScenarios:
         return names + ([f"seeded-{i + 1}" for i in range(self.num_seeded)] if seeded else [])
 
 
-def stage_scenarios(stage: int) -> dict[str, TaskScenarios]:
-    """The stage's scenarios by task id (the stage's module is imported only now: stage 6's imports Triton)."""
-    module = importlib.import_module(f"pagedlab.course.scenarios.stage{stage}")
+def stage_scenarios(stage: int | str) -> dict[str, TaskScenarios]:
+    """The stage's scenarios by task id (the stage's module is imported only now: stage 6's imports Triton); a name
+    ("drills") is a suite of its own, course/scenarios/drills.py."""
+    name = stage if isinstance(stage, str) else f"stage{stage}"
+    module = importlib.import_module(f"pagedlab.course.scenarios.{name}")
     return {s.task: s for s in module.SCENARIOS}
 
 
