@@ -241,7 +241,7 @@ def check_passed(row: dict) -> bool:
 
 
 def check_table(rows: list[dict]) -> str:
-    lines = ["| drill | stage | untouched: symptom / at fault / else | fixed: score | grading time |",
+    lines = ["| drill | stage | untouched: cases failing (symptom / at the fault) | fixed: score | grading time |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         b = r["before"]["groups"]
