@@ -1,6 +1,6 @@
 """Course: the incident drills: for each, the fault planted, the symptom's scenarios and those aimed at the fault.
 
-Builds on: course/drills/__init__.py (Fault), course/scenarios/drills.py (symptoms), course/scenarios/stage2..5.py.
+Builds on: course/drills/fault.py (Fault), course/scenarios/drills.py (symptoms), course/scenarios/stage2..5.py.
 Read with: chapters/98-assignments.md (Incident drills); each drill's ticket and post-mortem: course/drills/NAME.md.
 
 A drill is named for its symptom, never its cause: the name is on the student's copy. Its `aimed` cases are those
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pagedlab.course.drills import Fault
+from pagedlab.course.drills.fault import Fault
 
 HERE = Path(__file__).parent
 
