@@ -149,3 +149,15 @@ def test_the_grader_trusts_nothing_in_the_copy(tmp_path):
     assert any("sched/queue.py: not a regular source file" in n for n in notes)
     graded = (tmp_path / "tree" / "src" / "pagedlab" / "sched" / "queue.py").read_text()
     assert d.fault.new in graded and d.fault.old not in graded  # graded as handed out: with its fault
+
+
+def test_no_assignment_copy_or_graded_tree_holds_the_drills(tmp_path):
+    """The drills' faults and post-mortems quote lines of the reference's regions: an assignment's copy and the
+    trees its grader builds leave them out."""
+    from pagedlab.course import assignment
+    from pagedlab.course.submission import build_tree
+
+    copy = assignment.make(4, tmp_path / "student")
+    tree = build_tree(repo_root(), tmp_path / "tree", [], {})
+    for root in (copy, tree):
+        assert not (root / "src" / "pagedlab" / "course" / "drills").exists()

@@ -33,6 +33,7 @@ from pagedlab.course.regions import (
     stub_source,
     unshipped_regions,
 )
+from pagedlab.course.submission import SRC_IGNORE
 from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 
@@ -48,7 +49,7 @@ def make(stage: int | str, out: str | Path, with_solutions: bool = False) -> Pat
     if not regions:
         raise ValueError(f"stage: stage {number} has no solution regions")
     tests_of = grading.collect_tasks(number)
-    shutil.copytree(root / "src", out / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(root / "src", out / "src", ignore=SRC_IGNORE)
     copy_student_tests(root, out / "tests", number)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, out / name)

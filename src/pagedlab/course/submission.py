@@ -40,6 +40,9 @@ from pagedlab.model.files import model_file, read_bounded
 
 _STUBBED_LAUNCHER = "(kernel stubbed: write it, then delete this line)"
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc", ".pytest_cache")
+# src/ as a student's copy or a graded tree holds it: without course/drills/, whose faults and post-mortems quote
+# lines of the reference's regions
+SRC_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".hypothesis", "*.pyc", ".pytest_cache", "drills")
 SOURCE_LIMIT = 1 << 20  # bytes: the largest source file of the package is ~30 KiB
 MAX_NOTES = 50
 
@@ -164,7 +167,7 @@ def build_tree(root: Path, dest: Path, regions: list[Region], bodies: dict[str, 
     region of `regions` stubbed; when `tests` is a stage number, that stage's student tests (never the grader's
     own) and pyproject.toml too (and `hidden` as tests/hidden/). Regions outside `regions` keep the teacher's
     code."""
-    shutil.copytree(root / "src", dest / "src", ignore=_IGNORE)
+    shutil.copytree(root / "src", dest / "src", ignore=SRC_IGNORE)
     for path in sorted({r.path for r in regions}):
         lines = path.read_text().splitlines()
         for r in sorted((r for r in regions if r.path == path), key=lambda r: r.start, reverse=True):

@@ -35,7 +35,7 @@ from pagedlab.course.drills.catalog import DRILLS, Drill, drill
 from pagedlab.course.grading import TOTAL_TIMEOUT, Limits, _forbidden, _plain, run_cases
 from pagedlab.course.regions import repo_root
 from pagedlab.course.scenarios import run_case, stage_scenarios
-from pagedlab.course.submission import _IGNORE, SOURCE_LIMIT
+from pagedlab.course.submission import _IGNORE, SOURCE_LIMIT, SRC_IGNORE
 
 PER_CASE_TIMEOUT = 30.0  # seconds one case may run (a symptom that is a livelock ends here)
 GROUPS = ("symptom", "at the fault", "nothing else")
@@ -167,7 +167,7 @@ def engine_tree(root: Path, ws: Path, dest: Path, d: Drill) -> list[str]:
     """The teacher's src/ in `dest` with the copy's engine in place: each .py file of ws/src/pagedlab that the
     reference has, outside course/, if it is a regular file inside the copy of at most SOURCE_LIMIT bytes of UTF-8;
     a file missing or refused stays as handed out (the faulted one with its fault). Returns notes on those."""
-    shutil.copytree(root / "src", dest / "src", ignore=_IGNORE)
+    shutil.copytree(root / "src", dest / "src", ignore=SRC_IGNORE)
     theirs, ours, notes = ws / "src" / "pagedlab", dest / "src" / "pagedlab", []
     faulted = ours / d.fault.path
     faulted.write_text(d.fault.apply(faulted.read_text()))
