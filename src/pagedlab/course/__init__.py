@@ -23,5 +23,11 @@ Read with: chapters/98-assignments.md.
     batch.py           `pagedlab assignment grade-all`: a batch, a CSV, similarity flags
     similarity.py      how alike two bodies are, names and literals abstracted
     gradescope.py      `pagedlab assignment gradescope`: the autograder zip Gradescope runs
+    tests_assignment.py  `make --tests`: a copy in which the student writes the tests; `check --tests`
+    mutation.py        mutants of a stage's regions (operator swaps, off-by-ones, dropped statements, ...)
+    mutation_grading.py  `grade --tests`: the tests on the reference, the equivalent-mutant filter, the kills
+    mutation_report.py   its report: the score, what survived by kind, file and task (never a line)
+    mutation_runner.py the sandboxed child that runs many mutants, one fork each (run as a script)
+    drills/            the incident drills' faults (never in a student's copy of a tests assignment)
     cli.py             the `pagedlab assignment` sub-command: its actions' arguments, and what each runs
 """

@@ -13,16 +13,31 @@ from pathlib import Path
 
 
 def add_command(sub) -> None:
-    """`pagedlab assignment make|grade|grade-all|check|gradescope`, the limits' defaults the grader's own."""
+    """`pagedlab assignment make|grade|grade-all|check|gradescope`, the limits' defaults the grader's own; `--tests`
+    on make, grade and check: the tests assignment (the student writes tests, graded by the mutants they kill)."""
     from pagedlab.course.grading import PER_TEST_TIMEOUT, TOTAL_TIMEOUT
+    from pagedlab.course.mutation_grading import COUNT as MUTANTS
     from pagedlab.course.similarity import THRESHOLD
 
-    a = sub.add_parser("assignment", help="course assignments: make a student copy of a stage, grade one or a batch")
+    a = sub.add_parser(
+        "assignment",
+        help="course assignments: make a student copy of a stage, grade one or a batch",
+        description="Course assignments. A code assignment stubs stage N's tasks and grades the student's bodies by "
+        "scenarios; a tests assignment (--tests on make, grade and check) hands out stage N's code whole and grades "
+        "the student's tests by the share of mutants of that code they kill (chapters/98-assignments.md).",
+    )
     actions = a.add_subparsers(dest="action", required=True)
-    make = actions.add_parser("make", help="write a student workspace with stage N's tasks stubbed")
+    make = actions.add_parser(
+        "make", help="write a student workspace with stage N's tasks stubbed (or, with --tests, whole)"
+    )
     make.add_argument("stage", help="stage number or name")
     make.add_argument("--out", required=True, help="new or empty folder")
     make.add_argument("--with-solutions", action="store_true", help="a teacher's copy: nothing removed")
+    make.add_argument(
+        "--tests",
+        action="store_true",
+        help="a tests assignment: stage N's code whole, the student writes tests/ (graded by the mutants they kill)",
+    )
     grade = actions.add_parser(
         "grade",
         help="grade a workspace: each task's scenarios, run on its body in a sandbox, compared with the reference's",
@@ -44,6 +59,13 @@ def add_command(sub) -> None:
     batch.add_argument(
         "--threshold", type=float, default=THRESHOLD, help="similarity (0..1, names and literals abstracted) to flag"
     )
+    grade.add_argument(
+        "--tests",
+        action="store_true",
+        help="grade it as a tests assignment (the teacher's word): its tests/ run on the reference, then on "
+        "mutants drawn now; score = the share killed (equivalent mutants, by the scenarios, not counted)",
+    )
+    grade.add_argument("--mutants", type=int, default=MUTANTS, help="with --tests: mutants drawn (drill faults on top)")
     for p in (grade, batch):
         p.add_argument("--stage", required=True, help="the stage to grade as (the teacher's word, not the folder's)")
         p.add_argument("--extra-tests", default=None, help="a folder of hidden tests (each tagged with a task)")
@@ -56,6 +78,12 @@ def add_command(sub) -> None:
     )
     check.add_argument("stages", nargs="*", help="stage numbers (default: all)")
     check.add_argument("--extra-tests", default=None, help="hidden tests to check (each file must tag a task)")
+    check.add_argument(
+        "--tests",
+        action="store_true",
+        help="check the tests assignment instead: the starter file and the project's own tests, graded by mutants",
+    )
+    check.add_argument("--mutants", type=int, default=MUTANTS, help="with --tests: mutants drawn per grading")
     gs = actions.add_parser("gradescope", help="write an autograder's setup.sh and run_autograder for stage N")
     gs.add_argument("stage", help="stage number or name")
     gs.add_argument("--out", required=True, help="new or empty folder")
@@ -63,14 +91,25 @@ def add_command(sub) -> None:
 
 
 def _cmd_assignment(args: argparse.Namespace) -> int:
-    from pagedlab.course import assignment, batch, gradescope, grading
+    import sys
+
+    from pagedlab.course import assignment, batch, gradescope, grading, mutation_grading, tests_assignment
     from pagedlab.stages import STAGES
 
+    if args.action == "make" and args.tests:
+        out = tests_assignment.make_tests(args.stage, args.out)
+        print(f"wrote {out}: stage {args.stage}, a tests assignment (see {out / 'HANDOUT.md'})")
+        return 0
     if args.action == "make":
         out = assignment.make(args.stage, args.out, with_solutions=args.with_solutions)
         tasks = json.loads((out / "assignment.json").read_text())["tasks"]
         print(f"wrote {out}: stage {args.stage}, {len(tasks)} tasks (see {out / 'HANDOUT.md'})")
         return 0
+    if args.action == "check" and args.tests:
+        rows = tests_assignment.check_tests_stages([int(n) for n in args.stages] or [2, 3, 4, 5], args.mutants,
+                                                   out=sys.stderr)  # fmt: skip
+        print(tests_assignment.check_tests_table(rows))
+        return 0 if all(r["empty"]["score"] == 0 for r in rows) else 1
     if args.action == "check":
         rows = assignment.check_stages([int(n) for n in args.stages] or list(STAGES), extra_tests=args.extra_tests)
         print(assignment.check_table(rows))
@@ -85,7 +124,11 @@ def _cmd_assignment(args: argparse.Namespace) -> int:
         found = batch.grade_all(args.dir, args.stage, args.csv, args.threshold, seed=args.seed, **limits)
         return 0 if all("error" not in r for r in found["rows"]) else 1
     try:
-        result = grading.grade(args.dir, args.stage, seed=args.seed, **limits)
+        if args.tests:
+            times = {"per_test_timeout": args.timeout, "total_timeout": args.total_timeout}
+            result = mutation_grading.grade_tests(args.dir, args.stage, seed=args.seed, count=args.mutants, **times)
+        else:
+            result = grading.grade(args.dir, args.stage, seed=args.seed, **limits)
     except Exception as e:  # Gradescope needs its JSON even when grading itself fails
         if args.json is None:
             raise

@@ -22,6 +22,11 @@ as if it had never been written (a case then has no result, and fails):
       {"result": test, "outcome": "passed" | "failed" | "skipped" | "unknown", "message": text <= 4,000,
        "tasks": [task, ...], "gpu": bool}          tasks: among those the parent asked for
       {"collected": [{"id": test, "tasks": [task, ...]}, ...]}   {"collect_error": test, "longrepr": text}
+    the mutants' child (course/mutation_runner.py)
+      {"start": variant}                           variant: one of the ids the parent gave
+      {"variant": variant, "verdict": "passed" | "failed" | "timeout" | "crashed", "seconds": number}, and
+        "tests": [[test, outcome], ...]            test: an id in an asked file (or the file); at most 10,000
+        or "obs": plain JSON data                  (a scenarios run: no student code in its tree)
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ KNOWN_ERRORS = frozenset(
     if isinstance(getattr(builtins, name), type) and issubclass(getattr(builtins, name), BaseException)
 ) | {"InvariantError", "CaseTimeout", "CalledProcessError"}  # fmt: skip  (named in a report whatever the tree held)
 OUTCOMES = ("passed", "failed", "skipped", "unknown")
+VERDICTS = ("passed", "failed", "timeout", "crashed")
 
 
 def lines(output: bytes) -> list[dict]:
@@ -95,6 +101,35 @@ def test_messages(output: bytes, files: list[str], tasks: list[str]) -> list[dic
         elif keys == {"collect_error", "longrepr"} and all(_text(msg[k]) for k in keys):
             kept.append(msg)
     return kept
+
+
+def variant_messages(output: bytes, variants: list[str], files: list[str]) -> list[dict]:
+    """The mutants' child's valid messages, in order (see the module's docstring); a variant reported twice keeps
+    its first report only when both are equal (else neither: an unknown outcome)."""
+    asked, kept, seen = set(variants), [], {}
+    for msg in lines(output):
+        keys = set(msg)
+        if keys == {"start"} and msg["start"] in asked:
+            kept.append(msg)
+        elif msg.get("variant") in asked and _variant(msg, files):
+            kept.append(msg)
+            seen[msg["variant"]] = seen.get(msg["variant"], 0) + 1
+    twice = {v for v, n in seen.items() if n > 1}
+    return [m for m in kept if m.get("variant") not in twice]
+
+
+def _variant(msg: dict, files: list[str]) -> bool:
+    base = {"variant", "verdict", "seconds"}
+    if msg.get("verdict") not in VERDICTS or type(msg.get("seconds")) not in (int, float) or msg["seconds"] < 0:
+        return False
+    if set(msg) == base:
+        return True
+    if set(msg) == base | {"obs"}:
+        return is_plain(msg["obs"])
+    tests = msg.get("tests")
+    return (set(msg) == base | {"tests"} and isinstance(tests, list) and len(tests) <= 10_000
+            and all(isinstance(t, list) and len(t) == 2 and (_test_id(t[0], files) or t[0] in files)
+                    and t[1] in OUTCOMES for t in tests))  # fmt: skip
 
 
 def is_plain(value) -> bool:
