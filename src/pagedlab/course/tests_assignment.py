@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pagedlab.course import mutation_grading
 from pagedlab.course.regions import _task_marks, _test_imports, repo_root, stage_regions, stub_source, unshipped_regions
+from pagedlab.course.submission import SRC_IGNORE
 from pagedlab.stages import STAGE_NAMES, STAGES, parse_stage
 
 STARTER = '''"""My tests for stage {number} ({name}): each passes on this copy, and fails on a copy with a bug."""
@@ -41,8 +42,7 @@ def make_tests(stage: int | str, out: str | Path) -> Path:
     regions = stage_regions(root, number)
     if not regions:
         raise ValueError(f"stage: stage {number} has no solution regions")
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "drills")
-    shutil.copytree(root / "src", out / "src", ignore=ignore)
+    shutil.copytree(root / "src", out / "src", ignore=SRC_IGNORE)
     later = [r for r in unshipped_regions(root, number) if r.stage > number]
     for path in {r.path for r in later}:
         target = out / path.relative_to(root)
