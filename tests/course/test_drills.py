@@ -95,6 +95,7 @@ def _repros(src: Path, scripts: list[Path], cwd: Path) -> list[int]:
     return codes
 
 
+@pytest.mark.slow
 def test_every_ticket_s_script_shows_its_symptom_on_the_copy_and_not_on_the_reference(tmp_path):
     copies = {d.name: drills.make(d.name, tmp_path / d.name) for d in DRILLS}
     scripts = [copies[d.name] / "repro.py" for d in DRILLS]
@@ -103,6 +104,7 @@ def test_every_ticket_s_script_shows_its_symptom_on_the_copy_and_not_on_the_refe
     assert broken == {d.name: 1 for d in DRILLS}
 
 
+@pytest.mark.slow
 def test_every_drill_fails_untouched_and_passes_with_the_reference_fix():
     rows = drills.check(seed=5)
     print("\n" + drills.check_table(rows))
@@ -114,6 +116,7 @@ def test_every_drill_fails_untouched_and_passes_with_the_reference_fix():
         assert row["after"]["score"] == 100, f"{row['drill']} fixed: {failing}"
 
 
+@pytest.mark.slow
 def test_a_fix_that_masks_the_symptom_elsewhere_fails_at_the_fault(tmp_path):
     """leak-on-disconnect, "fixed" in the engine's abort (it frees what the scheduler forgot): the ticket's symptom
     is gone, the scheduler's own abort path still leaks."""
