@@ -24,7 +24,7 @@ POOL_STAGES = (1, 2, 3, 4, 5)  # pure Python (stage 6's kernels are checked thro
 
 
 def observations(stage: int, seed: int, tasks=None) -> dict:
-    return {task: {name: grading._plain(run_case(s, name, seed)) for name in s.case_names()}
+    return {task: {name: grading.as_json(run_case(s, name, seed)) for name in s.case_names()}
             for task, s in stage_scenarios(stage).items() if tasks is None or task in tasks}  # fmt: skip
 
 
@@ -57,7 +57,7 @@ def test_a_wrong_body_fails_some_fixed_case_and_most_seeded_ones(task, patch, mo
     stage = next(n for n in POOL_STAGES if task in stage_scenarios(n))
     want = observations(stage, 5, [task])[task]
     patch(monkeypatch)
-    got = {name: grading._plain(_try(stage_scenarios(stage)[task], name)) for name in want}
+    got = {name: grading.as_json(_try(stage_scenarios(stage)[task], name)) for name in want}
     wrong = [name for name in want if first_difference(want[name], got[name]) is not None]
     assert wrong, f"{task}: the mutant passes every case"
     assert len(wrong) >= 2, f"{task}: only {wrong} catches the mutant"

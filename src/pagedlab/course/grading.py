@@ -116,8 +116,8 @@ def grade(workspace, stage, extra_tests=None, per_test_timeout=PER_TEST_TIMEOUT,
     seed = secrets.randbelow(1 << 31) if seed is None else seed
     local = (root / "assignment.json").exists()  # a student's copy grading itself: only the visible cases
     started_tasks = [t for t, b in bodies.items() if b.status == "accepted"]
-    expected, seeds = _expected(root, number, None if local else seed, started_tasks)
-    limits = Limits(per_test_timeout, started + total_timeout, _forbidden(root, ws))
+    expected, seeds = reference_observations(root, number, None if local else seed, started_tasks)
+    limits = Limits(per_test_timeout, started + total_timeout, forbidden_folders(root, ws))
     with tempfile.TemporaryDirectory(prefix="pagedlab-grade-") as tmp:
         results = _run_tasks(root, Path(tmp), number, bodies, expected, seeds, limits)
         hidden_tests = []
@@ -140,7 +140,7 @@ def collect_tasks(stage) -> dict[str, list[str]]:
     return {task: list(tests) for task, tests in _COLLECTED[key].items()}
 
 
-def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> tuple[dict, dict]:
+def reference_observations(root: Path, number: int, seed: int | None, tasks: list[str]) -> tuple[dict, dict]:
     """({task: {case: observation}}, {task: {case: its seed}}) of the teacher's reference for `tasks`, run here (the
     rest: the case names only); a student's copy has no reference, only the visible cases' observations its
     hand-out ships (scenarios.json)."""
@@ -166,12 +166,12 @@ def _expected(root: Path, number: int, seed: int | None, tasks: list[str]) -> tu
 def _draw(scenarios, seed: int) -> tuple[dict, dict]:
     """The reference's observation of every case of one task, and each drawn case's seed: the grading's seed, or
     the next of its REDRAWS while the observation is a visible case's (whose answer the student holds)."""
-    observed = {name: _plain(run_case(scenarios, name, None)) for name in scenarios.case_names(seeded=False)}
+    observed = {name: as_json(run_case(scenarios, name, None)) for name in scenarios.case_names(seeded=False)}
     visible, seeds = list(observed.values()), {}
     for name in scenarios.case_names()[len(observed) :]:
         for attempt in range(REDRAWS):
             seeds[name] = (seed + attempt * 1_000_003) % (1 << 31)
-            observed[name] = _plain(run_case(scenarios, name, seeds[name]))
+            observed[name] = as_json(run_case(scenarios, name, seeds[name]))
             if observed[name] not in visible:
                 break
     return observed, seeds
@@ -186,11 +186,11 @@ def kernels_on_cpu(number: int) -> None:
 def visible_observations(stage: int) -> dict:
     """The fixed cases' observations of the reference (a hand-out ships them for the student's own checks)."""
     kernels_on_cpu(stage)
-    return {task: {name: _plain(run_case(s, name, None)) for name in s.case_names(seeded=False)}
+    return {task: {name: as_json(run_case(s, name, None)) for name in s.case_names(seeded=False)}
             for task, s in stage_scenarios(stage).items()}  # fmt: skip
 
 
-def _plain(obs):
+def as_json(obs):
     """As JSON sees it (tuples are lists, numpy's numbers plain): what the sandbox's observations will look like."""
     return json.loads(json.dumps(obs, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
@@ -293,7 +293,7 @@ def _error_text(msg: dict, echo: bool = True) -> str:
     return f"raised {name}" + (f" at {file}:{line}" if file else "")
 
 
-def _forbidden(root: Path, ws: Path) -> list[str]:
+def forbidden_folders(root: Path, ws: Path) -> list[str]:
     """What the fallback's audit hook refuses to open: the teacher's source, tests and reading, the workspace, any
     installed pagedlab (the Python install, even inside the checkout, stays readable)."""
     folders = [root / part for part in ("src", "tests", "chapters", "notebooks")] + [ws]

@@ -64,7 +64,7 @@ def grade_tests(workspace, stage, seed: int | None = None, count: int = COUNT,
         raise ValueError(f"stage: stage {number} has no tasks")
     files, notes = read_tests(Path(workspace))
     seed = secrets.randbelow(1 << 31) if seed is None else seed
-    limits = grading.Limits(per_test_timeout, started + total_timeout, grading._forbidden(root, Path(workspace)))
+    limits = grading.Limits(per_test_timeout, started + total_timeout, grading.forbidden_folders(root, Path(workspace)))
     mutants = draw(root, number, seed, count)
     with tempfile.TemporaryDirectory(prefix="pagedlab-mutants-") as tmp:
         tmp = Path(tmp)
@@ -130,7 +130,7 @@ def equivalent_mutants(root: Path, number: int, seed: int, mutants: list[Mutant]
     if key in _EQUIVALENT:
         return _EQUIVALENT[key]
     scenarios = stage_scenarios(number)
-    expected, seeds = grading._expected(root, number, seed, list(scenarios))
+    expected, seeds = grading.reference_observations(root, number, seed, list(scenarios))
     warm = sorted({m.split(".")[0] for s in scenarios.values() for m in s.warm} - {"pagedlab"})
     spec = {"mode": "scenarios", "stage": number, "cases": {t: list(c) for t, c in expected.items()},
             "seeds": seeds, "adaptive": True, "warm": warm}  # fmt: skip

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pagedlab.course.drills.catalog import DRILLS, Drill, drill
-from pagedlab.course.grading import TOTAL_TIMEOUT, Limits, _forbidden, _plain, run_cases
+from pagedlab.course.grading import TOTAL_TIMEOUT, Limits, as_json, forbidden_folders, run_cases
 from pagedlab.course.regions import repo_root
 from pagedlab.course.scenarios import run_case, stage_scenarios
 from pagedlab.course.submission import _IGNORE, SOURCE_LIMIT, SRC_IGNORE
@@ -54,8 +54,8 @@ def make(name: str, out: str | Path) -> Path:
     shutil.copytree(root / "src", out / "src", ignore=_grader_only(root / "src" / "pagedlab"))
     faulted = out / "src" / "pagedlab" / d.fault.path
     faulted.write_text(d.fault.apply(faulted.read_text()))
-    for name_ in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name_, out / name_)
+    for file in ("pyproject.toml", "README.md"):
+        shutil.copy(root / file, out / file)
     for folder in ("chapters", "notebooks"):
         shutil.copytree(root / folder, out / folder, ignore=shutil.ignore_patterns("98-*", ".ipynb_checkpoints"))
     (out / "TICKET.md").write_text(_ticket(d))
@@ -103,7 +103,7 @@ def grade(workspace, name: str | None = None, seed: int | None = None, per_case_
     cases = {g: c if g in groups else [] for g, c in _cases(d).items()}
     expected = {case: _reference(seed, case) for group in cases.values() for case in group}
     seeds = {case: seed for group in cases.values() for case in group}
-    limits = Limits(per_case_timeout, started + total_timeout, _forbidden(root, ws))
+    limits = Limits(per_case_timeout, started + total_timeout, forbidden_folders(root, ws))
     with tempfile.TemporaryDirectory(prefix="pagedlab-drill-") as tmp:
         tree = Path(tmp) / "tree"
         notes += engine_tree(root, ws, tree, d)
@@ -157,7 +157,7 @@ def _reference(seed: int, case: str):
     if key not in _EXPECTED:
         suite, task, name = case.split("|")
         scenarios = stage_scenarios(int(suite) if suite.isdigit() else suite)[task]
-        _EXPECTED[key] = _plain(run_case(scenarios, name, seed if name.startswith("seeded-") else None))
+        _EXPECTED[key] = as_json(run_case(scenarios, name, seed if name.startswith("seeded-") else None))
         while len(_EXPECTED) > 4096:
             _EXPECTED.pop(next(iter(_EXPECTED)))
     return _EXPECTED[key]
