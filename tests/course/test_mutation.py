@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pagedlab.course import mutation, mutation_grading, regions, tests_assignment
-from pagedlab.course.drills import Fault
+from pagedlab.course.drills import Fault, faults
 from pagedlab.course.mutation import Mutant
 from tests.course.test_assignment import reference_bodies_in
 
@@ -35,7 +35,8 @@ def test_mutants_are_deterministic_parse_and_differ_from_the_reference():
     first = mutation.draw(ROOT, 2, SEED, 20)
     assert [m.label for m in first] == [m.label for m in mutation.draw(ROOT, 2, SEED, 20)]
     assert [m.label for m in first] != [m.label for m in mutation.draw(ROOT, 2, SEED + 1, 20)]
-    assert len(first) == 20 and len({m.label for m in first}) == 20
+    total = 20 + len(faults(2))  # the drills' faults come on top of those drawn
+    assert len(first) == total and len({m.label for m in first}) == total
     assert {m.task for m in first} == {r.task_id for r in regions.stage_regions(ROOT, 2)}  # spread over the tasks
 
 

@@ -59,7 +59,8 @@ def conversation_key(r: TraceRequest, common: int) -> int:
 
 def deal_users(trace, by: str, users: int | None, seed: int = 0) -> list:
     """Each request's user: its conversation's or its own (`by`), drawn among `users` (EACH: one apiece)."""
-    assert by in ("conversation", "request"), f"by: {by!r} is not 'conversation' or 'request'"
+    if by not in ("conversation", "request"):
+        raise ValueError(f"by: {by!r} is not 'conversation' or 'request'")
     common, rng = common_prefix(trace), random.Random(seed)
     keys = [conversation_key(r, common) for r in trace] if by == "conversation" else list(range(len(trace)))
     if users is EACH:

@@ -210,7 +210,8 @@ def encode(text: str) -> list[int]:
 
 def block(text: str) -> list[int]:
     """`text` padded with spaces to exactly one block."""
-    assert len(text) <= BLOCK_SIZE, f"{text!r} is longer than a block"
+    if len(text) > BLOCK_SIZE:
+        raise ValueError(f"text: {text!r} is longer than a block ({BLOCK_SIZE} characters)")
     return encode(text.ljust(BLOCK_SIZE))
 
 
