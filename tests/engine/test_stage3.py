@@ -135,8 +135,13 @@ def test_static_admission_counts_a_groups_shared_prompt_blocks_once():
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_static_admission_with_shared_prompts_never_runs_out(tiny_model_dir, data):
+    shared_admission_never_runs_out(tiny_model_dir, data, stage=3)
+
+
+def shared_admission_never_runs_out(tiny_model_dir, data, stage: int):
     """Random n > 1 groups and beam searches on pools barely large enough: admission by the shared
-    worst case must never leave a running request without a block (the scheduler asserts it)."""
+    worst case must never leave a running request without a block (the scheduler asserts it). Stage 4's
+    test (prefix caching on) runs the same story: a stage-3 copy stubs stage 4's lookup."""
     block_size = data.draw(st.sampled_from([1, 2, 4]), label="block_size")
     groups = data.draw(
         st.lists(
@@ -149,7 +154,7 @@ def test_static_admission_with_shared_prompts_never_runs_out(tiny_model_dir, dat
     worst = max(width * -(-(p + m - 1) // block_size) for p, m, width, _ in groups)
     llm = LLM(
         model=str(tiny_model_dir),
-        stage=data.draw(st.sampled_from([3, 4]), label="stage"),
+        stage=stage,
         block_size=block_size,
         num_kv_blocks=worst + data.draw(st.integers(0, 3), label="spare blocks"),
         max_num_seqs=8,

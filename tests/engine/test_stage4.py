@@ -1,8 +1,11 @@
 """Stage 4 through the public API: hits skip prefill, salts isolate tenants, sharing still composes."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
+from tests.engine.test_stage3 import shared_admission_never_runs_out
 
 pytestmark = pytest.mark.stage4
 
@@ -73,3 +76,10 @@ def test_n_and_beams_compose_with_the_cache():
     ]
     assert llm.engine.stats.prefix_cache_hits >= 2 * 44
     assert llm.engine.kv_manager.num_used_blocks == 0
+
+
+@pytest.mark.task("lookup")
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_static_admission_with_shared_prompts_and_caching_never_runs_out(tiny_model_dir, data):
+    shared_admission_never_runs_out(tiny_model_dir, data, stage=4)
