@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedlab import LLM, BeamSearchParams, SamplingParams
-from tests.engine.test_stage3 import shared_admission_never_runs_out
+from tests.engine.admission_story import shared_admission_never_runs_out
 
 pytestmark = pytest.mark.stage4
 
